@@ -1,0 +1,1 @@
+"""Console entry points; each is a thin Hydra app over the library."""

@@ -1,0 +1,61 @@
+"""``aiayn-summary <overrides>``: parameter counts by component and training FLOPs per token."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+from torch import nn
+
+from aiayn.config import config_dir, model_config
+from aiayn.model import Transformer, TransformerConfig, training_flops_per_token
+
+
+def parameters_by_component(model: Transformer) -> dict[str, int]:
+    """Each distinct parameter counted once, under the first component that holds it."""
+    components: dict[str, list[nn.Module]] = {
+        "embeddings": [model.src_embed, model.tgt_embed, model.output_proj],
+        "positional": [model.positions] if model.positions is not None else [],
+        "encoder": [model.encoder, model.encoder_norm],
+        "decoder": [model.decoder, model.decoder_norm],
+    }
+    seen: set[int] = set()
+    counts = {}
+    for name, modules in components.items():
+        total = 0
+        for module in modules:
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    total += param.numel()
+        counts[name] = total
+    return counts
+
+
+def summarize(cfg: DictConfig) -> dict[str, Any]:
+    model_cfg = TransformerConfig(**model_config(cfg))
+    model = Transformer(model_cfg)
+    by_component = parameters_by_component(model)
+    return {
+        "params": sum(by_component.values()),
+        "params_by_component": by_component,
+        "train_flops_per_token": training_flops_per_token(model_cfg, cfg.seq_len),
+        "seq_len": cfg.seq_len,
+        "model": model_cfg.to_dict(),
+    }
+
+
+@hydra.main(config_path=config_dir(), config_name="summary", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    summary = summarize(cfg)
+    print(f"parameters: {summary['params']:,}")
+    for name, count in summary["params_by_component"].items():
+        print(f"  {name:<12} {count:>14,}")
+    print(f"training FLOPs per token (src+tgt, length {cfg.seq_len}): {summary['train_flops_per_token']:.4g}")
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

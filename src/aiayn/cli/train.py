@@ -1,0 +1,24 @@
+"""``aiayn-train``: train a Transformer as the composed config says (see conf/train.yaml)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from aiayn.config import config_dir
+from aiayn.train import train
+
+
+@hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    hydra_cfg = HydraConfig.get()
+    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""The joint source-target sentencepiece BPE model (§5.1: a shared vocabulary, needed by §3.4)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """A trained sentencepiece model: text ↔ ids, with fixed special ids (pad 0, unk 1, bos 2, eos 3)."""
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def __init__(self, model_file: Path) -> None:
+        self.model_file = Path(model_file)
+        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+    def encode(self, lines: Sequence[str]) -> list[list[int]]:
+        return self.sp.encode(list(lines), out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
+        return self.sp.decode([list(row) for row in ids])
+
+    @classmethod
+    def train(cls, lines: Iterable[str], vocab_size: int, model_file: Path) -> Tokenizer:
+        """Train a BPE model on ``lines`` and write it atomically to ``model_file``."""
+        model_file = Path(model_file)
+        model_file.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
+            prefix = os.path.join(tmp, "spm")
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_prefix=prefix,
+                model_type="bpe",
+                vocab_size=vocab_size,
+                character_coverage=1.0,
+                # identity keeps the text as written, so decoding gives back the reference's characters
+                normalization_rule_name="identity",
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                num_threads=os.cpu_count() or 1,
+                minloglevel=2,
+            )
+            os.replace(prefix + ".model", model_file)
+        return cls(model_file)

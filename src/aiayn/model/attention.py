@@ -1,0 +1,81 @@
+"""Multi-head scaled dot-product attention (§3.2)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.model.positional import RotaryEmbedding
+
+
+class MultiHeadAttention(nn.Module):
+    """``Concat(head_1..head_h) W^O`` with ``head_i = softmax(Q W_i^Q (K W_i^K)^T / sqrt(d_k)) V W_i^V`` (§3.2.2).
+
+    ``d_k`` and ``d_v`` are independent of ``d_model / n_heads`` (Table 3 rows A, B). Self-attention
+    projects Q, K and V with one fused matrix; encoder-decoder attention projects the decoder states to
+    Q and the encoder output to K, V (§3.2.3), so those projections are split in two.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        attn_dropout: float = 0.0,
+        self_attention: bool = True,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        self.attn_dropout = attn_dropout
+        self.self_attention = self_attention
+        self.rotary = rotary
+        if self_attention:
+            self.qkv_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))
+        else:
+            self.q_proj = nn.Linear(d_model, n_heads * d_k)
+            self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
+        self.out_proj = nn.Linear(n_heads * d_v, d_model)
+
+    def _heads(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
+        return x.unflatten(-1, (self.n_heads, head_dim)).transpose(1, 2)  # (B, h, T, head_dim)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        memory: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """Attend from ``query`` (B, T, d_model) to itself, or to ``memory`` (B, S, d_model).
+
+        ``key_padding_mask`` is (B, S), True where a key is padding. ``causal`` masks future positions
+        (§3.2.3): with right-padded targets a causal mask alone is exact for every real position.
+        """
+        h, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        if self.self_attention:
+            q, k, v = self.qkv_proj(query).split((h * d_k, h * d_k, h * d_v), dim=-1)
+        else:
+            assert memory is not None, "encoder-decoder attention needs the encoder output"
+            q = self.q_proj(query)
+            k, v = self.kv_proj(memory).split((h * d_k, h * d_v), dim=-1)
+        q, k, v = self._heads(q, d_k), self._heads(k, d_k), self._heads(v, d_v)  # (B, h, T|S, d)
+        if self.rotary is not None:
+            q, k = self.rotary(q), self.rotary(k)
+        mask = None
+        if key_padding_mask is not None:
+            mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend
+            if causal:
+                mask = mask & torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        # softmax(Q K^T / sqrt(d_k)) V (§3.2.1); SDPA scales by 1/sqrt(d_k) of q's last dimension.
+        out = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+            is_causal=causal and mask is None,
+        )  # (B, h, T, d_v)
+        return self.out_proj(out.transpose(1, 2).flatten(-2))  # (B, T, d_model)

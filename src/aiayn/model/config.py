@@ -1,0 +1,49 @@
+"""The hyperparameters of the Transformer (§3, Table 3 columns)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none", "rope")
+
+
+@dataclass
+class TransformerConfig:
+    """Every size the paper's Table 3 varies, plus the variants people ablate.
+
+    ``d_k`` and ``d_v`` are free: rows (B) of Table 3 change ``d_k`` alone, so ``h * d_k`` need not
+    equal ``d_model`` (§3.2.2).
+    """
+
+    vocab_size: int
+    n_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    n_heads: int = 8
+    d_k: int = 64
+    d_v: int = 64
+    dropout: float = 0.1
+    attn_dropout: float = 0.0
+    positional: str = "sinusoidal"
+    norm_first: bool = False
+    share_embeddings: bool = True
+    max_positions: int = 1024
+    pad_id: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"model.{key}={getattr(self, key)} must be a positive integer")
+        for key in ("dropout", "attn_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ValueError(f"model.{key}={getattr(self, key)} must lie in [0, 1)")
+        if self.positional not in POSITIONAL_ENCODINGS:
+            raise ValueError(f"model.positional={self.positional!r} must be one of {', '.join(POSITIONAL_ENCODINGS)}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"model.d_model={self.d_model} must be even for model.positional=sinusoidal")
+        if self.positional == "rope" and self.d_k % 2:
+            raise ValueError(f"model.d_k={self.d_k} must be even for model.positional=rope")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,40 @@
+"""Parameter and FLOP counts of the Transformer, for summaries and model-FLOPs utilisation."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from aiayn.model.config import TransformerConfig
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Distinct trainable parameters (a tied matrix counts once)."""
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def forward_flops(cfg: TransformerConfig, src_len: int, tgt_len: int) -> int:
+    """Multiply-add FLOPs (2 per MAC) of one forward pass over a sentence pair.
+
+    Counts every matrix product, including attention scores over all key positions (as the
+    hardware computes them, also where the causal mask discards half).
+    """
+    d, h, d_k, d_v, d_ff = cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.d_ff
+    s, t = src_len, tgt_len
+
+    def self_attention(n: int) -> int:
+        projections = 2 * n * d * h * (2 * d_k + d_v) + 2 * n * h * d_v * d
+        return projections + 2 * n * n * h * (d_k + d_v)
+
+    def ffn(n: int) -> int:
+        return 4 * n * d * d_ff
+
+    encoder = cfg.n_layers * (self_attention(s) + ffn(s))
+    cross = 2 * t * d * h * d_k + 2 * s * d * h * (d_k + d_v) + 2 * t * s * h * (d_k + d_v) + 2 * t * h * d_v * d
+    decoder = cfg.n_layers * (self_attention(t) + cross + ffn(t))
+    return encoder + decoder + 2 * t * d * cfg.vocab_size
+
+
+def training_flops_per_token(cfg: TransformerConfig, seq_len: int = 32) -> float:
+    """Forward + backward FLOPs (3x forward) per token, source and target tokens both counted,
+    for pairs of ``seq_len`` source and ``seq_len`` target tokens."""
+    return 3 * forward_flops(cfg, seq_len, seq_len) / (2 * seq_len)

@@ -1,0 +1,79 @@
+"""Encoder and decoder layers (§3.1) with the residual sub-layer connection of §3.1 and §5.4."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.config import TransformerConfig
+from aiayn.model.positional import RotaryEmbedding
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff)
+        self.w2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.relu(self.w1(x)))
+
+
+class SublayerConnection(nn.Module):
+    """Post-LN ``LayerNorm(x + Dropout(Sublayer(x)))`` as in the paper (§3.1, §5.4), or pre-LN
+    ``x + Dropout(Sublayer(LayerNorm(x)))`` when ``norm_first``."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if self.norm_first:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+def _self_attention(cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, True, rotary)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention, then the feed-forward network (§3.1)."""
+
+    def __init__(self, cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.self_attn = _self_attention(cfg, rotary)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
+        x = self.attn_block(x, lambda y: self.self_attn(y, key_padding_mask=src_padding))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, encoder-decoder attention, then the feed-forward network (§3.1)."""
+
+    def __init__(self, cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
+        super().__init__()
+        self.self_attn = _self_attention(cfg, rotary)
+        self.cross_attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, self_attention=False
+        )
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.self_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.cross_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
+        x = self.self_block(x, lambda y: self.self_attn(y, causal=True))
+        x = self.cross_block(x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding))
+        return self.ffn_block(x, self.ffn)

@@ -1,0 +1,97 @@
+"""The encoder-decoder Transformer of §3 (Figure 1)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from aiayn.model.config import TransformerConfig
+from aiayn.model.layers import DecoderLayer, EncoderLayer
+from aiayn.model.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+
+class Transformer(nn.Module):
+    """Encoder and decoder stacks of ``n_layers`` each, with embeddings and the pre-softmax projection.
+
+    With ``share_embeddings`` one matrix serves as source embedding, target embedding and the
+    pre-softmax linear layer (§3.4), which needs a joint source-target vocabulary.
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed_scale = math.sqrt(d)  # §3.4: embeddings are multiplied by sqrt(d_model)
+        self.src_embed = nn.Embedding(cfg.vocab_size, d, padding_idx=cfg.pad_id)
+        if cfg.share_embeddings:
+            self.tgt_embed = self.src_embed
+        else:
+            self.tgt_embed = nn.Embedding(cfg.vocab_size, d, padding_idx=cfg.pad_id)
+        self.output_proj = nn.Linear(d, cfg.vocab_size, bias=False)
+        if cfg.share_embeddings:
+            self.output_proj.weight = self.src_embed.weight
+
+        self.positions: nn.Module | None = None
+        if cfg.positional == "sinusoidal":
+            self.positions = SinusoidalPositionalEncoding(d, cfg.max_positions)
+        elif cfg.positional == "learned":
+            self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
+        # RoPE rotates queries and keys inside self-attention; cross-attention stays position-free.
+        rotary = RotaryEmbedding(cfg.d_k, cfg.max_positions) if cfg.positional == "rope" else None
+        self.embed_dropout = nn.Dropout(cfg.dropout)  # §5.4: dropout on embeddings + positions
+
+        self.encoder = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_layers))
+        # Pre-LN stacks leave their output un-normalised; the usual final LayerNorm closes them.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections, zero biases, embeddings N(0, d_model^-0.5).
+
+        With that embedding scale the shared matrix gives inputs of unit variance after the sqrt(d_model)
+        factor and, used as the output projection, logits of about unit variance: the initial softmax
+        is near uniform and the first loss is close to log(vocab_size).
+        """
+        for name, param in self.named_parameters():
+            if "embed" in name:
+                continue
+            if param.dim() > 1:
+                nn.init.xavier_uniform_(param)
+            elif name.endswith("bias"):
+                nn.init.zeros_(param)
+        for embedding in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(embedding.weight, std=self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                embedding.weight[self.cfg.pad_id].zero_()
+        if not self.cfg.share_embeddings:
+            nn.init.normal_(self.output_proj.weight, std=self.cfg.d_model**-0.5)
+
+    def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
+        x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
+        if self.positions is not None:
+            x = x + self.positions(tokens.size(1), offset)
+        return self.embed_dropout(x)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (or None)."""
+        padding = src.eq(self.cfg.pad_id)
+        src_padding = padding if bool(padding.any()) else None  # no mask lets SDPA take its fast path
+        x = self._embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, src_padding)
+        return self.encoder_norm(x), src_padding
+
+    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
+        """Shifted target ids (B, T) → logits (B, T, vocab)."""
+        x = self._embed(self.tgt_embed, tgt_in)
+        for layer in self.decoder:
+            x = layer(x, memory, src_padding)
+        return self.output_proj(self.decoder_norm(x))
+
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+        memory, src_padding = self.encode(src)
+        return self.decode(tgt_in, memory, src_padding)

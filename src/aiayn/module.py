@@ -1,0 +1,129 @@
+"""The LightningModule: teacher-forced training with label smoothing, Adam + eq. 3, validation BLEU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torchmetrics import MeanMetric
+from torchmetrics.text import SacreBLEUScore
+
+from aiayn.model import Transformer, TransformerConfig, greedy_decode
+from aiayn.schedule import NoamSchedule
+
+# Corpus BLEU as sacreBLEU defines it: 13a tokenization, cased, on detokenized text. torchmetrics
+# applies no smoothing, which equals sacreBLEU's default "exp" smoothing whenever every n-gram order
+# has a match (any real corpus); the final test score is computed by sacrebleu itself, with its signature.
+BLEU_SETTINGS = {"tokenize": "13a", "lowercase": False}
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
+
+    ``model`` holds the fields of :class:`~aiayn.model.TransformerConfig`. The optimizer is Adam with
+    the paper's β1, β2, ε (§5.3); its learning rate follows :class:`~aiayn.schedule.NoamSchedule`,
+    stepped once per optimizer step.
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        bos_id: int,
+        eos_id: int,
+        label_smoothing: float = 0.1,
+        betas: tuple[float, float] = (0.9, 0.98),
+        eps: float = 1e-9,
+        warmup: int = 4000,
+        lr_scale: float = 1.0,
+        max_len_offset: int = 50,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1)")
+        self.save_hyperparameters()
+        self.model = Transformer(TransformerConfig(**model))
+        self.pad_id = self.model.cfg.pad_id
+        stages = ("val", "test")
+        # Token-weighted means and corpus BLEU; torchmetrics syncs their sums across DDP ranks.
+        self.nll = torch.nn.ModuleDict({stage: MeanMetric() for stage in stages})
+        self.smoothed = torch.nn.ModuleDict({stage: MeanMetric() for stage in stages})
+        self.bleu = torch.nn.ModuleDict({stage: SacreBLEUScore(**BLEU_SETTINGS) for stage in stages})
+        self.detokenize: Callable[[list[list[int]]], list[str]] | None = None
+        self.test_hypotheses: dict[int, str] = {}  # dataset position → detokenized hypothesis
+
+    # -- loss -------------------------------------------------------------------------------------
+    def loss(self, logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, int]:
+        """Label-smoothed cross-entropy per real target token (§5.4); padding positions are ignored."""
+        n_tokens = int(target.ne(self.pad_id).sum())
+        total = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            target.flatten(),
+            ignore_index=self.pad_id,
+            label_smoothing=smoothing,
+            reduction="sum",
+        )
+        return total / max(n_tokens, 1), n_tokens
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        loss, n_tokens = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        self.log("train/loss", loss, batch_size=n_tokens, prog_bar=True)
+        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=n_tokens)
+        return loss
+
+    # -- evaluation -------------------------------------------------------------------------------
+    def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
+        logits = self.model(batch["src"], batch["tgt_in"])
+        nll, n_tokens = self.loss(logits, batch["tgt_out"], 0.0)
+        smoothed, _ = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        self.nll[stage].update(nll, weight=n_tokens)
+        self.smoothed[stage].update(smoothed, weight=n_tokens)
+        hypotheses = greedy_decode(
+            self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, self.hparams.max_len_offset
+        )
+        text = self.detokenizer()(hypotheses)
+        self.bleu[stage].update(text, [[ref] for ref in batch["references"]])
+        if stage == "test":
+            self.test_hypotheses.update(zip(batch["index"].tolist(), text))
+
+    def _log_evaluation(self, stage: str) -> None:
+        nll = self.nll[stage].compute()
+        self.log(f"{stage}/loss", self.smoothed[stage].compute())
+        self.log(f"{stage}/nll", nll)
+        self.log(f"{stage}/ppl", torch.exp(nll))
+        self.log(f"{stage}/bleu", 100 * self.bleu[stage].compute())
+        for metric in (self.nll[stage], self.smoothed[stage], self.bleu[stage]):
+            metric.reset()
+
+    def detokenizer(self) -> Callable[[list[list[int]]], list[str]]:
+        """Ids → text: the data module's tokenizer, unless one was attached for use without a trainer."""
+        if self.detokenize is None:
+            self.detokenize = self.trainer.datamodule.tokenizer.decode
+        return self.detokenize
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_evaluation("val")
+
+    def on_test_epoch_start(self) -> None:
+        self.test_hypotheses = {}
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_evaluation("test")
+
+    # -- optimisation -----------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        # lr=1.0: the schedule's value is the learning rate itself (eq. 3).
+        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(hp.betas), eps=hp.eps)
+        schedule = NoamSchedule(self.model.cfg.d_model, hp.warmup, hp.lr_scale)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
