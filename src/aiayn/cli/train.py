@@ -9,12 +9,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from aiayn.allocator import retain_freed_memory
 from aiayn.config import config_dir
 from aiayn.train import train
 
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    retain_freed_memory()
     hydra_cfg = HydraConfig.get()
     results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
     print(json.dumps(results))

@@ -48,22 +48,41 @@ class MultiHeadAttention(nn.Module):
         memory: torch.Tensor | None = None,
         key_padding_mask: torch.Tensor | None = None,
         causal: bool = False,
+        cache: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Attend from ``query`` (B, T, d_model) to itself, or to ``memory`` (B, S, d_model).
 
         ``key_padding_mask`` is (B, S), True where a key is padding. ``causal`` masks future positions
         (§3.2.3): with right-padded targets a causal mask alone is exact for every real position.
+        ``cache`` makes decoding incremental: self-attention appends this step's keys and values to
+        those of earlier steps; encoder-decoder attention projects ``memory`` once and reuses it.
         """
         h, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        past = 0
         if self.self_attention:
             q, k, v = self.qkv_proj(query).split((h * d_k, h * d_k, h * d_v), dim=-1)
+            q, k, v = self._heads(q, d_k), self._heads(k, d_k), self._heads(v, d_v)  # (B, h, T, d)
+            if cache is not None and "k" in cache:
+                past = cache["k"].size(-2)
+            if self.rotary is not None:
+                q, k = self.rotary(q, past), self.rotary(k, past)
+            if cache is not None:
+                if past:
+                    k, v = torch.cat([cache["k"], k], dim=-2), torch.cat([cache["v"], v], dim=-2)
+                cache["k"], cache["v"] = k, v
         else:
-            assert memory is not None, "encoder-decoder attention needs the encoder output"
-            q = self.q_proj(query)
-            k, v = self.kv_proj(memory).split((h * d_k, h * d_v), dim=-1)
-        q, k, v = self._heads(q, d_k), self._heads(k, d_k), self._heads(v, d_v)  # (B, h, T|S, d)
-        if self.rotary is not None:
-            q, k = self.rotary(q), self.rotary(k)
+            q = self._heads(self.q_proj(query), d_k)  # (B, h, T, d_k)
+            if cache is not None and "k" in cache:
+                k, v = cache["k"], cache["v"]
+            else:
+                assert memory is not None, "encoder-decoder attention needs the encoder output"
+                k, v = self.kv_proj(memory).split((h * d_k, h * d_v), dim=-1)
+                k, v = self._heads(k, d_k), self._heads(v, d_v)  # (B, h, S, d)
+                if cache is not None:
+                    cache["k"], cache["v"] = k, v
+        if past and q.size(-2) > 1:
+            raise ValueError("incremental decoding feeds one target position at a time")
+        causal = causal and not past  # one new query may see every cached position
         mask = None
         if key_padding_mask is not None:
             mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend

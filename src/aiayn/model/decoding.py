@@ -14,7 +14,8 @@ def greedy_decode(
     """Translate a batch of source ids (B, S); returns each hypothesis without BOS and EOS.
 
     Every sentence may produce up to (its source length + ``max_len_offset``) tokens; decoding stops
-    as soon as every sentence has emitted EOS.
+    as soon as every sentence has emitted EOS. Each step feeds one token through the decoder's
+    key/value caches instead of recomputing the prefix.
     """
     pad_id = model.cfg.pad_id
     memory, src_padding = model.encode(src)
@@ -23,8 +24,9 @@ def greedy_decode(
     batch = src.size(0)
     tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    for step in range(int(max_lengths.max())):
-        logits = model.decode(tokens, memory, src_padding)[:, -1]  # (B, vocab)
+    state = model.init_state()
+    for step in range(int(max_lengths.max()) + 1):
+        logits = model.decode(tokens[:, -1:], memory, src_padding, state)[:, -1]  # (B, vocab)
         next_token = logits.argmax(dim=-1)
         # A sentence at its length limit is closed with EOS; a finished one only pads.
         next_token = torch.where(max_lengths.le(step), torch.full_like(next_token, eos_id), next_token)

@@ -73,7 +73,19 @@ class DecoderLayer(nn.Module):
         self.cross_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
-    def forward(self, x: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
-        x = self.self_block(x, lambda y: self.self_attn(y, causal=True))
-        x = self.cross_block(x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding))
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        src_padding: torch.Tensor | None,
+        cache: dict[str, dict[str, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
+        """``cache`` (incremental decoding) holds this layer's ``"self"`` and ``"cross"`` attention caches."""
+        self_cache = cross_cache = None
+        if cache is not None:
+            self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
+        x = self.self_block(x, lambda y: self.self_attn(y, causal=True, cache=self_cache))
+        x = self.cross_block(
+            x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding, cache=cross_cache)
+        )
         return self.ffn_block(x, self.ffn)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -10,6 +11,14 @@ from torch import nn
 from aiayn.model.config import TransformerConfig
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+
+@dataclass
+class DecoderState:
+    """Key/value caches of incremental decoding, one dict per decoder layer, and the decoded length."""
+
+    layers: list[dict[str, dict[str, torch.Tensor]]]
+    length: int = 0
 
 
 class Transformer(nn.Module):
@@ -85,12 +94,29 @@ class Transformer(nn.Module):
             x = layer(x, src_padding)
         return self.encoder_norm(x), src_padding
 
-    def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
-        """Shifted target ids (B, T) → logits (B, T, vocab)."""
-        x = self._embed(self.tgt_embed, tgt_in)
-        for layer in self.decoder:
-            x = layer(x, memory, src_padding)
+    def decode(
+        self,
+        tgt_in: torch.Tensor,
+        memory: torch.Tensor,
+        src_padding: torch.Tensor | None,
+        state: DecoderState | None = None,
+    ) -> torch.Tensor:
+        """Shifted target ids (B, T) → logits (B, T, vocab).
+
+        With ``state``, ``tgt_in`` holds only the next position (B, 1): earlier positions are read from
+        the key/value caches in ``state``, which this call extends.
+        """
+        offset = state.length if state is not None else 0
+        x = self._embed(self.tgt_embed, tgt_in, offset)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, memory, src_padding, state.layers[i] if state is not None else None)
+        if state is not None:
+            state.length += tgt_in.size(1)
         return self.output_proj(self.decoder_norm(x))
+
+    def init_state(self) -> DecoderState:
+        """An empty incremental-decoding state for :meth:`decode`."""
+        return DecoderState(layers=[{} for _ in self.decoder])
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         memory, src_padding = self.encode(src)
