@@ -8,6 +8,19 @@ import sys
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+GLIBC_DEFAULT_THRESHOLD = 128 * 1024
+RETAINING_THRESHOLD = 2**31 - 1
+
+
+def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc's ``mallopt`` for the two thresholds; False where there is no glibc (or it refuses)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
 def retain_freed_memory() -> bool:
@@ -15,15 +28,8 @@ def retain_freed_memory() -> bool:
 
     Every training step allocates and frees logits of batch × length × vocabulary floats (100+ MB).
     By default glibc serves such blocks with mmap and unmaps them on free, so each step pays for
-    fresh, zero-filled pages: a quarter of the step time goes to the kernel on a 2-core CPU
-    (benchmarks/RESULTS.md). Raising the mmap and trim thresholds makes the heap reuse them.
+    fresh, zero-filled pages: a fifth of the step time goes to the kernel on a 2-core CPU
+    (`benchmarks/allocator.py`). Raising the mmap and trim thresholds makes the heap reuse them.
     Returns whether the settings took effect (glibc on Linux only).
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_MMAP_THRESHOLD, 2**31 - 1)) and bool(mallopt(_M_TRIM_THRESHOLD, 2**31 - 1))
+    return set_malloc_thresholds(RETAINING_THRESHOLD, RETAINING_THRESHOLD)

@@ -87,7 +87,7 @@ class TranslationModule(pl.LightningModule):
         text = self.detokenizer()(hypotheses)
         self.bleu[stage].update(text, [[ref] for ref in batch["references"]])
         if stage == "test":
-            self.test_hypotheses.update(zip(batch["index"].tolist(), text))
+            self.test_hypotheses.update(zip(batch["index"].tolist(), text, strict=True))
 
     def _log_evaluation(self, stage: str) -> None:
         nll = self.nll[stage].compute()

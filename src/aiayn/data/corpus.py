@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -70,13 +69,13 @@ def download_multi30k(target: Path, langs: tuple[str, ...]) -> Path:
             if path.is_file():
                 continue
             url = MULTI30K_URL.format(stem=stem, lang=lang)
-            tmp = tempfile.NamedTemporaryFile(dir=target, delete=False)
+            partial = path.with_name(path.name + ".part")
             try:
-                with urllib.request.urlopen(url, timeout=60) as response, tmp:
-                    shutil.copyfileobj(response, tmp)
-                os.replace(tmp.name, path)
+                with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+                    shutil.copyfileobj(response, out)
+                os.replace(partial, path)
             except (urllib.error.URLError, OSError) as err:
-                Path(tmp.name).unlink(missing_ok=True)
+                partial.unlink(missing_ok=True)
                 raise DataError(
                     f"could not download Multi30k from {url} ({err}); "
                     "download the task-1 raw files yourself and set data.root=<folder>"

@@ -126,7 +126,7 @@ class Multi30kDataModule(pl.LightningDataModule):
         self.tokenizer = Tokenizer(cache / "spm.model")
         for role, split in self.split_names.items():
             src_file, tgt_file = self._files(corpus, split, self.src_lang), self._files(corpus, split, self.tgt_lang)
-            src_text, tgt_text = read_parallel(src_file, tgt_file)
+            _, tgt_text = read_parallel(src_file, tgt_file)  # also checks the alignment
             src = EncodedText.load(cache / f"{split}.{self.src_lang}")
             tgt = EncodedText.load(cache / f"{split}.{self.tgt_lang}")
             limit = self.train_limit if role == "train" else self.eval_limit

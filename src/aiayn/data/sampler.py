@@ -67,7 +67,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches: list[list[int]] = []
         batch: list[int] = []
         longest = 0
-        for index, size in zip(order.tolist(), self.sizes[order].tolist()):
+        for index, size in zip(order.tolist(), self.sizes[order].tolist(), strict=True):
             if batch and (len(batch) + 1) * max(longest, size) > self.max_tokens:
                 batches.append(batch)
                 batch, longest = [], 0

@@ -85,7 +85,5 @@ class DecoderLayer(nn.Module):
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
         x = self.self_block(x, lambda y: self.self_attn(y, causal=True, cache=self_cache))
-        x = self.cross_block(
-            x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding, cache=cross_cache)
-        )
+        x = self.cross_block(x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding, cache=cross_cache))
         return self.ffn_block(x, self.ffn)

@@ -1,0 +1,65 @@
+"""Label-smoothed loss, initialisation and the BLEU definition."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import sacrebleu
+import torch
+from torchmetrics.text import SacreBLEUScore
+
+from aiayn.data.tokenizer import BOS_ID, EOS_ID
+from aiayn.model import Transformer, TransformerConfig
+from aiayn.module import BLEU_SETTINGS, TranslationModule
+
+MODEL = {"vocab_size": 8000, "n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
+
+
+def test_label_smoothed_loss_ignores_padding_and_matches_the_definition() -> None:
+    module = TranslationModule(model=MODEL, bos_id=BOS_ID, eos_id=EOS_ID, label_smoothing=0.1)
+    torch.manual_seed(0)
+    logits = torch.randn(2, 3, 8000)
+    target = torch.tensor([[5, 6, 0], [7, 0, 0]])  # 0 is padding
+    loss, n_tokens = module.loss(logits, target, 0.1)
+    assert n_tokens == 3
+    log_p = logits.log_softmax(-1)
+    expected = 0.0
+    for b, t in ((0, 0), (0, 1), (1, 0)):
+        expected += -(0.9 * log_p[b, t, target[b, t]] + 0.1 * log_p[b, t].mean())
+    assert loss.item() == pytest.approx(expected.item() / 3, rel=1e-5)
+    changed = logits.clone()
+    changed[0, 2] += 100 * torch.randn(8000)  # padding positions do not count
+    changed[1, 1:] += 100 * torch.randn(2, 8000)
+    assert module.loss(changed, target, 0.1)[0].item() == pytest.approx(loss.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_tied_logits_start_near_uniform(norm_first: bool) -> None:
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(**MODEL, norm_first=norm_first))
+    src = torch.randint(4, 8000, (8, 12))
+    tgt_in, tgt_out = torch.randint(4, 8000, (8, 10)), torch.randint(4, 8000, (8, 10))
+    loss = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+    assert abs(loss.item() - math.log(8000)) / math.log(8000) < 0.1
+
+
+def test_torchmetrics_bleu_equals_sacrebleu_on_real_text() -> None:
+    refs = [
+        "Ein Mann mit einem orangefarbenen Hut, der etwas anstarrt.",
+        "Ein Boston Terrier läuft über saftig-grünes Gras vor einem weißen Zaun.",
+        "Ein Mädchen in einem Karateanzug bricht einen Stock mit einem Tritt.",
+        "Fünf Leute in Winterjacken und mit Helmen stehen im Schnee mit Schneemobilen im Hintergrund.",
+    ]
+    hyps = [
+        "Ein Mann mit einem orangen Hut starrt etwas an.",
+        "Ein Boston Terrier rennt über grünes Gras vor einem weißen Zaun.",
+        "Ein Mädchen im Karateanzug zerbricht einen Stock mit einem Tritt.",
+        "Fünf Menschen in Winterjacken und Helmen stehen im Schnee, im Hintergrund Schneemobile.",
+    ]
+    metric = SacreBLEUScore(**BLEU_SETTINGS)
+    metric.update(hyps[:2], [[r] for r in refs[:2]])
+    metric.update(hyps[2:], [[r] for r in refs[2:]])
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert 100 * metric.compute().item() == pytest.approx(expected, abs=1e-3)
+    assert 10 < expected < 90

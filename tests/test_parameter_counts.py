@@ -1,0 +1,55 @@
+"""Parameter counts against Table 3's column, and aiayn-summary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from aiayn.cli.summary import summarize
+from aiayn.model import Transformer, TransformerConfig, count_parameters, forward_flops
+from composed import compose_config
+
+
+@pytest.mark.parametrize(("model", "paper_millions"), [("base", 65), ("big", 213)])
+def test_parameter_count_is_within_5_percent_of_table_3(model: str, paper_millions: float) -> None:
+    summary = summarize(compose_config("summary", [f"model={model}", "data.vocab_size=37000"]))
+    assert abs(summary["params"] / 1e6 - paper_millions) / paper_millions < 0.05
+    assert summary["params"] == sum(summary["params_by_component"].values())
+    assert summary["params_by_component"]["embeddings"] == 37000 * (512 if model == "base" else 1024)
+
+
+def test_shared_embedding_is_one_matrix() -> None:
+    shared = Transformer(TransformerConfig(vocab_size=1000, n_layers=1, d_model=32, d_ff=64, n_heads=2, d_k=16, d_v=16))
+    assert shared.src_embed.weight is shared.tgt_embed.weight is shared.output_proj.weight
+    separate = Transformer(
+        TransformerConfig(
+            vocab_size=1000, n_layers=1, d_model=32, d_ff=64, n_heads=2, d_k=16, d_v=16, share_embeddings=False
+        )
+    )
+    assert count_parameters(separate) - count_parameters(shared) == 2 * 1000 * 32
+
+
+def test_d_k_changes_parameters_as_row_b_says() -> None:
+    """Rows B1/B2 shrink only W^Q and W^K: 58M and 60M in the paper's column."""
+    for d_k, paper in ((16, 58), (32, 60)):
+        summary = summarize(compose_config("summary", ["model=base", f"model.d_k={d_k}", "data.vocab_size=37000"]))
+        assert abs(summary["params"] / 1e6 - paper) / paper < 0.05
+
+
+def test_forward_flops_of_a_one_token_pair_are_twice_the_parameters() -> None:
+    """One source token meets every encoder weight, one target token every decoder and output weight:
+    2 FLOPs per parameter (the attention terms are negligible at length 1)."""
+    cfg = TransformerConfig(vocab_size=37000)
+    assert forward_flops(cfg, 1, 1) == pytest.approx(2 * 63_082_496, rel=0.01)
+
+
+@pytest.mark.slow
+def test_summary_cli_prints_counts_and_ends_with_json() -> None:
+    out = subprocess.run(
+        ["aiayn-summary", "model=base", "data.vocab_size=37000"], capture_output=True, text=True, check=True
+    ).stdout
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["params"] == 63_082_496
+    assert "decoder" in out and summary["train_flops_per_token"] > 6 * 44e6

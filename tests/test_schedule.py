@@ -1,0 +1,37 @@
+"""The learning-rate schedule of eq. 3."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aiayn.schedule import NoamSchedule
+
+
+def lr_at(schedule: NoamSchedule, step: int) -> float:
+    """Learning rate of optimizer step ``step`` (1-based); LambdaLR passes step - 1."""
+    return schedule(step - 1)
+
+
+def test_step_4000_of_base_gives_the_papers_value() -> None:
+    assert lr_at(NoamSchedule(512, 4000), 4000) == pytest.approx(6.99e-4, abs=5e-7)
+
+
+def test_warmup_branch_is_linear_and_decay_branch_inverse_square_root() -> None:
+    schedule = NoamSchedule(512, warmup=4000)
+    assert lr_at(schedule, 2000) == pytest.approx(lr_at(schedule, 1000) * 2)
+    assert lr_at(schedule, 1) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert lr_at(schedule, 16000) == pytest.approx(lr_at(schedule, 4000) / 2)
+    assert lr_at(schedule, 100000) == pytest.approx(512**-0.5 / math.sqrt(100000))
+    assert max(range(1, 10000), key=lambda s: lr_at(schedule, s)) == 4000
+
+
+def test_scale_and_warmup_are_configurable() -> None:
+    assert lr_at(NoamSchedule(256, 400, scale=2.0), 400) == pytest.approx(2 * 256**-0.5 * 400**-0.5)
+
+
+@pytest.mark.parametrize("bad", [(0, 4000, 1.0), (512, 0, 1.0), (512, 4000, 0.0)])
+def test_rejects_non_positive_settings(bad: tuple[int, int, float]) -> None:
+    with pytest.raises(ValueError):
+        NoamSchedule(*bad)
