@@ -46,10 +46,11 @@ def test_forward_flops_of_a_one_token_pair_are_twice_the_parameters() -> None:
 
 
 @pytest.mark.slow
-def test_summary_cli_prints_counts_and_ends_with_json() -> None:
-    out = subprocess.run(
-        ["aiayn-summary", "model=base", "data.vocab_size=37000"], capture_output=True, text=True, check=True
-    ).stdout
+def test_summary_cli_prints_counts_and_ends_with_json_without_any_data() -> None:
+    command = ["aiayn-summary", "model=base", "data.vocab_size=37000", "data.root=/nonexistent"]
+    out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["params"] == 63_082_496
-    assert "decoder" in out and summary["train_flops_per_token"] > 6 * 44e6
+    assert "decoder" in out
+    # 6 FLOPs per parameter per sentence pair, spread over a source and a target token, plus attention
+    assert 3 * 63.08e6 < summary["train_flops_per_token"] < 3.3 * 63.08e6

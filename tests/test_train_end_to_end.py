@@ -56,13 +56,19 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     assert len((run_dir / "test.hyp.txt").read_text().splitlines()) == 100
 
     val_loss = metric_rows(run_dir, "val/loss")
-    assert len(val_loss) == 6  # every 40 batches = 20 optimizer steps, over 240 batches
-    assert val_loss[-1][1] < val_loss[0][1] - 0.5
+    # every 40 batches (20 optimizer steps) over 240 batches, then once more for the best checkpoint
+    assert len(val_loss) == 7
+    assert val_loss[5][1] < val_loss[0][1] - 0.5
+    val_bleu = [bleu for _, bleu in metric_rows(run_dir, "val/bleu")[:6]]
+    assert results["val_bleu"] == pytest.approx(max(val_bleu), abs=1e-4)  # best.ckpt is the best by BLEU
 
-    # eq. 3 advanced once per optimizer step, though two batches make each step
+    # eq. 3 advanced once per optimizer step, though two batches make each step. The CSV's step column
+    # counts the optimizer steps done before the logged batch: step k is scheduled at schedule(k).
     schedule = NoamSchedule(64, warmup=40)
-    for step, lr in metric_rows(run_dir, "train/lr"):
-        assert lr == pytest.approx(schedule(step - 1), rel=1e-4)
+    lrs = metric_rows(run_dir, "train/lr")
+    assert len(lrs) >= 10
+    for step, lr in lrs:
+        assert lr == pytest.approx(schedule(step), rel=1e-4)
 
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 120

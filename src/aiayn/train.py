@@ -32,26 +32,30 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
 
     datamodule = instantiate(cfg.data)
     module = TranslationModule(**module_kwargs(cfg))
+    checkpoint_dir = run_dir / "checkpoints"
     checkpoint = ModelCheckpoint(
-        dirpath=run_dir / "checkpoints",
+        dirpath=checkpoint_dir,
         filename="best",
         monitor=cfg.checkpoint.monitor,
         mode=cfg.checkpoint.mode,
         save_top_k=1,
-        save_last=True,
         auto_insert_metric_name=False,
     )
+    # Lightning's save_last only follows saves of the best; this one rewrites last.ckpt at every validation.
+    latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1)
     throughput = TokenThroughput(pad_id=PAD_ID)
     loggers = [instantiate(logger, save_dir=str(run_dir)) for logger in cfg.logger.values()]
     trainer = pl.Trainer(
         **OmegaConf.to_container(cfg.trainer, resolve=True),
-        callbacks=[checkpoint, throughput],
+        callbacks=[checkpoint, latest, throughput],
         logger=loggers or False,
         default_root_dir=str(run_dir),
     )
     trainer.fit(module, datamodule=datamodule)
+    last = checkpoint_dir / "last.ckpt"
+    trainer.save_checkpoint(last)  # the final state, also when training stopped between validations
 
-    best = checkpoint.best_model_path or checkpoint.last_model_path
+    best = checkpoint.best_model_path or str(last)
     val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     test_bleu, signature = score_hypotheses(module.test_hypotheses, datamodule.references["test"], run_dir)

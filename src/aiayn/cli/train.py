@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import hydra
@@ -13,10 +14,13 @@ from aiayn.allocator import retain_freed_memory
 from aiayn.config import config_dir
 from aiayn.train import train
 
+log = logging.getLogger(__name__)
+
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    retain_freed_memory()
+    if not retain_freed_memory():
+        log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
     results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
     print(json.dumps(results))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,9 +32,10 @@ class EncodedText:
     def save(self, stem: Path) -> None:
         """Write ``<stem>.tokens.npy`` and ``<stem>.offsets.npy``; the offsets last, as the commit mark."""
         for suffix, array in (("tokens", self.tokens), ("offsets", self.offsets)):
-            tmp = stem.with_name(f"{stem.name}.{suffix}.tmp.npy")
-            np.save(tmp, array)
-            os.replace(tmp, stem.with_name(f"{stem.name}.{suffix}.npy"))
+            # A unique temporary name: concurrent first runs never write into each other's file.
+            with tempfile.NamedTemporaryFile(dir=stem.parent, suffix=".npy", delete=False) as tmp:
+                np.save(tmp, array)
+            os.replace(tmp.name, stem.with_name(f"{stem.name}.{suffix}.npy"))
 
     @classmethod
     def load(cls, stem: Path) -> EncodedText:
