@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,6 @@ from aiayn.config import module_kwargs
 from aiayn.data.tokenizer import PAD_ID
 from aiayn.model import count_parameters
 from aiayn.module import BLEU_SETTINGS, TranslationModule
-
-log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
