@@ -77,6 +77,7 @@ class Multi30kDataModule(pl.LightningDataModule):
         self.tokenizer: Tokenizer | None = None
         self.datasets: dict[str, ParallelDataset] = {}
         self.references: dict[str, list[str]] = {}
+        self._locations: tuple[Path, Path] | None = None
 
     # -- where things are -------------------------------------------------------------------------
     def corpus_dir(self) -> Path:
@@ -88,6 +89,13 @@ class Multi30kDataModule(pl.LightningDataModule):
 
     def _files(self, corpus: Path, split: str, lang: str) -> Path:
         return split_file(corpus, MULTI30K_SPLITS[split], lang)
+
+    def locations(self) -> tuple[Path, Path]:
+        """The corpus folder and its tokenized cache folder, resolved (and hashed) once per instance."""
+        if self._locations is None:
+            corpus = self.corpus_dir()
+            self._locations = corpus, self.tokenized_dir(corpus)
+        return self._locations
 
     def tokenized_dir(self, corpus: Path) -> Path:
         """Cache folder keyed by the content of every file used and the vocabulary size."""
@@ -102,8 +110,7 @@ class Multi30kDataModule(pl.LightningDataModule):
     # -- Lightning hooks --------------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Train the tokenizer and encode every split, unless the cache has them already."""
-        corpus = self.corpus_dir()
-        cache = self.tokenized_dir(corpus)
+        corpus, cache = self.locations()
         model_file = cache / "spm.model"
         langs = sorted((self.src_lang, self.tgt_lang))
         if model_file.is_file():
@@ -121,8 +128,7 @@ class Multi30kDataModule(pl.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:
             return
-        corpus = self.corpus_dir()
-        cache = self.tokenized_dir(corpus)
+        corpus, cache = self.locations()
         self.tokenizer = Tokenizer(cache / "spm.model")
         for role, split in self.split_names.items():
             src_file, tgt_file = self._files(corpus, split, self.src_lang), self._files(corpus, split, self.tgt_lang)
