@@ -1,4 +1,4 @@
-"""Greedy decoding through the key/value cache."""
+"""The decoder's key/value caches and greedy decoding through them."""
 
 from __future__ import annotations
 
@@ -6,24 +6,7 @@ import pytest
 import torch
 
 from aiayn.model import Transformer, TransformerConfig, greedy_decode
-
-BOS, EOS = 2, 3
-
-
-def recomputing_greedy(model: Transformer, src: torch.Tensor, max_len_offset: int) -> list[list[int]]:
-    """The obvious reference: re-run the decoder over the whole prefix at every step, one sentence at a time."""
-    hypotheses = []
-    for row in src:
-        row = row[row.ne(0)][None]
-        memory, padding = model.encode(row)
-        tokens = [BOS]
-        for _ in range(row.size(1) + max_len_offset):
-            nxt = int(model.decode(torch.tensor([tokens]), memory, padding)[0, -1].argmax())
-            if nxt == EOS:
-                break
-            tokens.append(nxt)
-        hypotheses.append(tokens[1:])
-    return hypotheses
+from reference_search import BOS, EOS, recomputing_greedy
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "none", "rope"])

@@ -1,18 +1,23 @@
 """The Transformer of "Attention Is All You Need" in plain PyTorch: no Lightning, no Hydra."""
 
 from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.beam_search import Hypothesis, beam_search, length_penalty
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
-from aiayn.model.decoding import greedy_decode
+from aiayn.model.decoding import greedy_decode, translate_ids
 from aiayn.model.flops import count_parameters, forward_flops, training_flops_per_token
 from aiayn.model.transformer import Transformer
 
 __all__ = [
     "POSITIONAL_ENCODINGS",
+    "Hypothesis",
     "MultiHeadAttention",
     "Transformer",
     "TransformerConfig",
+    "beam_search",
     "count_parameters",
     "forward_flops",
     "greedy_decode",
+    "length_penalty",
     "training_flops_per_token",
+    "translate_ids",
 ]

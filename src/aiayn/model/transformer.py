@@ -20,6 +20,18 @@ class DecoderState:
     layers: list[dict[str, dict[str, torch.Tensor]]]
     length: int = 0
 
+    def select(self, rows: torch.Tensor, cross: bool = True) -> None:
+        """Keep (and reorder) the batch rows ``rows`` of every cache, as beam search does after each step.
+
+        ``cross=False`` leaves the encoder-decoder caches alone: they only depend on the sentence, so
+        reordering beams within their sentences does not change them.
+        """
+        for layer in self.layers:
+            for kind, cache in layer.items():
+                if cross or kind == "self":
+                    for name, tensor in cache.items():
+                        cache[name] = tensor.index_select(0, rows)
+
 
 class Transformer(nn.Module):
     """Encoder and decoder stacks of ``n_layers`` each, with embeddings and the pre-softmax projection.
