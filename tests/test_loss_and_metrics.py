@@ -11,7 +11,8 @@ from torchmetrics.text import SacreBLEUScore
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.model import Transformer, TransformerConfig
-from aiayn.module import BLEU_SETTINGS, TranslationModule
+from aiayn.module import TranslationModule
+from aiayn.scoring import BLEU_SETTINGS
 
 MODEL = {"vocab_size": 8000, "n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
 

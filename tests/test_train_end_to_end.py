@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.data.corpus import read_lines
 from aiayn.schedule import NoamSchedule
 
 pytestmark = pytest.mark.slow
@@ -52,8 +53,18 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     assert "tok:13a" in results["sacrebleu_signature"] and "case:mixed" in results["sacrebleu_signature"]
     assert "model=tiny" in results["overrides"]
     assert (run_dir / "config.yaml").is_file()
-    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt"}
-    assert len((run_dir / "test.hyp.txt").read_text().splitlines()) == 100
+    # validations after steps 20, 40, ..., 120; the newest 5 step checkpoints are kept and averaged
+    steps = [f"step{step:07d}.ckpt" for step in (40, 60, 80, 100, 120)]
+    assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt", "averaged.ckpt", *steps}
+    assert results["averaged_checkpoints"] == steps
+    assert 0 <= results["test_bleu_averaged"] <= 100
+    assert results["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_len_offset": 50}
+    for name in ("test.hyp.txt", "test.averaged.hyp.txt"):
+        assert len((run_dir / name).read_text().splitlines()) == 100
+    averaged = load(run_dir / "checkpoints" / "averaged.ckpt")["state_dict"]
+    sources = [load(run_dir / "checkpoints" / name)["state_dict"] for name in steps]
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, sum(source[name] for source in sources) / 5, rtol=1e-5, atol=1e-6)
 
     val_loss = metric_rows(run_dir, "val/loss")
     # every 40 batches (20 optimizer steps) over 240 batches, then once more for the best checkpoint
@@ -70,10 +81,48 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     for step, lr in lrs:
         assert lr == pytest.approx(schedule(step), rel=1e-4)
 
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["global_step"] == 120
+    assert load(run_dir / "checkpoints" / "last.ckpt")["global_step"] == 120
 
 
-def test_overfitting_64_pairs_reaches_bleu_above_90(tmp_path: Path, multi30k_root: Path, cache_dir: Path) -> None:
-    results = run_train(tmp_path / "run", multi30k_root, cache_dir, "experiment=overfit")
+def load(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def test_overfitting_64_pairs_then_translating_them_back_through_a_pipe(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    results = run_train(run_dir, multi30k_root, cache_dir, "experiment=overfit")
     assert results["val_bleu"] > 90, results
+
+    source = read_lines(multi30k_root / "train.en.gz")[:64]
+    references = read_lines(multi30k_root / "train.de.gz")[:64]
+    checkpoint = run_dir / "checkpoints" / "averaged.ckpt"
+    translated = subprocess.run(
+        ["aiayn-translate", f"checkpoint={checkpoint}", "max_tokens=300", "buffer_lines=10"],
+        input="".join(line + "\n" for line in source),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    assert translated.stdout.splitlines() == references  # memorised: every sentence back exactly
+
+    (tmp_path / "src.en").write_text("".join(line + "\n" for line in source), encoding="utf-8")
+    (tmp_path / "ref.de").write_text("".join(line + "\n" for line in references), encoding="utf-8")
+    evaluated = subprocess.run(
+        ["aiayn-eval", f"checkpoint={checkpoint}", f"source={tmp_path / 'src.en'}",
+         f"reference={tmp_path / 'ref.de'}", "decoding=greedy", f"output_dir={tmp_path / 'eval'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "averaged.src.en.beam1-alpha0.0.json").read_text())
+    assert report["sentences"] == 64 and report["decoding"]["beam_size"] == 1
+    assert report["sacrebleu"] > 90 and report["tokenized_bleu"] > 90 and report["chrf"] > 90
+    assert "sacreBLEU" in evaluated.stdout and "tokenized BLEU" in evaluated.stdout
+
+    broken = subprocess.run(["aiayn-eval", f"checkpoint={tmp_path / 'none.ckpt'}"], capture_output=True, text=True)
+    assert broken.returncode == 2
+    assert broken.stderr.strip().splitlines() == [
+        f"aiayn-eval: error: checkpoint {tmp_path / 'none.ckpt'} does not exist"
+    ]

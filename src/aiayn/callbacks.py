@@ -7,6 +7,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from aiayn.checkpoints import RUN_KEY
+
 
 class TokenThroughput(pl.Callback):
     """Logs ``train/tokens_per_s``: real (non-padding) source + target tokens per second of training.
@@ -50,3 +52,22 @@ class TokenThroughput(pl.Callback):
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+
+class SelfContainedCheckpoints(pl.Callback):
+    """Stores the run's resolved config and the tokenizer in every checkpoint (under ``RUN_KEY``).
+
+    With them one ``.ckpt`` file is enough for ``aiayn-translate`` and ``aiayn-eval``: the model is
+    rebuilt from the hyperparameters, the text is encoded with the very BPE model it was trained on.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._tokenizer: bytes | None = None
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._tokenizer is None:
+            self._tokenizer = trainer.datamodule.tokenizer.to_bytes()
+        checkpoint[RUN_KEY] = {"config": self.config, "tokenizer": self._tokenizer}

@@ -11,13 +11,9 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.model import Transformer, TransformerConfig, greedy_decode
+from aiayn.model import Transformer, TransformerConfig, translate_ids
 from aiayn.schedule import NoamSchedule
-
-# Corpus BLEU as sacreBLEU defines it: 13a tokenization, cased, on detokenized text. torchmetrics
-# applies no smoothing, which equals sacreBLEU's default "exp" smoothing whenever every n-gram order
-# has a match (any real corpus); the final test score is computed by sacrebleu itself, with its signature.
-BLEU_SETTINGS = {"tokenize": "13a", "lowercase": False}
+from aiayn.scoring import BLEU_SETTINGS
 
 
 class TranslationModule(pl.LightningModule):
@@ -25,7 +21,8 @@ class TranslationModule(pl.LightningModule):
 
     ``model`` holds the fields of :class:`~aiayn.model.TransformerConfig`. The optimizer is Adam with
     the paper's β1, β2, ε (§5.3); its learning rate follows :class:`~aiayn.schedule.NoamSchedule`,
-    stepped once per optimizer step.
+    stepped once per optimizer step. Validation and test translate by beam search with ``beam_size``,
+    length penalty ``alpha`` and at most source length + ``max_len_offset`` tokens (§6.1).
     """
 
     def __init__(
@@ -38,16 +35,21 @@ class TranslationModule(pl.LightningModule):
         eps: float = 1e-9,
         warmup: int = 4000,
         lr_scale: float = 1.0,
+        beam_size: int = 4,
+        alpha: float = 0.6,
         max_len_offset: int = 50,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing={label_smoothing} must lie in [0, 1)")
+            raise ValueError(f"optim.label_smoothing={label_smoothing} must lie in [0, 1)")
+        check_decoding(beam_size, alpha, max_len_offset)
         self.save_hyperparameters()
         self.model = Transformer(TransformerConfig(**model))
         self.pad_id = self.model.cfg.pad_id
         stages = ("val", "test")
-        # Token-weighted means and corpus BLEU; torchmetrics syncs their sums across DDP ranks.
+        # Token-weighted means and corpus BLEU; torchmetrics syncs their sums across DDP ranks. Its BLEU
+        # applies no smoothing, which equals sacreBLEU's "exp" smoothing whenever every n-gram order has a
+        # match (any real corpus); the final test scores come from sacrebleu itself, with its signature.
         self.nll = torch.nn.ModuleDict({stage: MeanMetric() for stage in stages})
         self.smoothed = torch.nn.ModuleDict({stage: MeanMetric() for stage in stages})
         self.bleu = torch.nn.ModuleDict({stage: SacreBLEUScore(**BLEU_SETTINGS) for stage in stages})
@@ -81,8 +83,9 @@ class TranslationModule(pl.LightningModule):
         smoothed, _ = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
-        hypotheses = greedy_decode(
-            self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, self.hparams.max_len_offset
+        hp = self.hparams
+        hypotheses = translate_ids(
+            self.model, batch["src"], hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha, hp.max_len_offset
         )
         text = self.detokenizer()(hypotheses)
         self.bleu[stage].update(text, [[ref] for ref in batch["references"]])
@@ -127,3 +130,13 @@ class TranslationModule(pl.LightningModule):
         schedule = NoamSchedule(self.model.cfg.d_model, hp.warmup, hp.lr_scale)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def check_decoding(beam_size: int, alpha: float, max_len_offset: int) -> None:
+    """Fail before any work on decoding options that beam search cannot use."""
+    if not isinstance(beam_size, int) or beam_size < 1:
+        raise ValueError(f"decoding.beam_size={beam_size} must be a whole number >= 1 (1 is greedy decoding)")
+    if alpha < 0:
+        raise ValueError(f"decoding.alpha={alpha} must be >= 0 (0: no length penalty; the paper uses 0.6)")
+    if not isinstance(max_len_offset, int) or max_len_offset < 0:
+        raise ValueError(f"decoding.max_len_offset={max_len_offset} must be a whole number >= 0 (the paper uses 50)")

@@ -1,4 +1,4 @@
-"""One training run: compose → fit → validate and test the best checkpoint → results.json."""
+"""One training run: fit → validate and test the best checkpoint, test the averaged one → results.json."""
 
 from __future__ import annotations
 
@@ -8,21 +8,24 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-import sacrebleu
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from aiayn.callbacks import TokenThroughput
+from aiayn.callbacks import SelfContainedCheckpoints, TokenThroughput
+from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.config import module_kwargs
 from aiayn.data.tokenizer import PAD_ID
 from aiayn.model import count_parameters
-from aiayn.module import BLEU_SETTINGS, TranslationModule
+from aiayn.module import TranslationModule
+from aiayn.scoring import corpus_scores
 
 
 def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
     """Train as ``cfg`` says, writing checkpoints, metrics and ``results.json`` into ``run_dir``."""
     start = time.perf_counter()
+    check_checkpointing(cfg.checkpoint)
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -40,11 +43,26 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
     )
     # Lightning's save_last only follows saves of the best; this one rewrites last.ckpt at every validation.
     latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1)
+    # The newest keep_last validations' weights, for averaging (§6.1): "top k" by step keeps the newest.
+    periodic = ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename=STEP_NAME,
+        monitor="step",
+        mode="max",
+        save_top_k=cfg.checkpoint.keep_last,
+        auto_insert_metric_name=False,
+    )
     throughput = TokenThroughput(pad_id=PAD_ID)
     loggers = [instantiate(logger, save_dir=str(run_dir)) for logger in cfg.logger.values()]
     trainer = pl.Trainer(
         **OmegaConf.to_container(cfg.trainer, resolve=True),
-        callbacks=[checkpoint, latest, throughput],
+        callbacks=[
+            checkpoint,
+            latest,
+            periodic,
+            throughput,
+            SelfContainedCheckpoints(OmegaConf.to_container(cfg, resolve=True)),
+        ],
         logger=loggers or False,
         default_root_dir=str(run_dir),
     )
@@ -55,37 +73,73 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
     best = checkpoint.best_model_path or str(last)
     val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    test_bleu, signature = score_hypotheses(module.test_hypotheses, datamodule.references["test"], run_dir)
+    references = datamodule.references["test"]
+    test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt")
     results = {
         "params": count_parameters(module.model),
         "val_bleu": val["val/bleu"],
         "val_ppl": val["val/ppl"],
         "val_loss": val["val/loss"],
-        "test_bleu": test_bleu,
+        "test_bleu": test_scores["sacrebleu"],
+        "test_chrf": test_scores["chrf"],
         "test_ppl": test["test/ppl"],
         "test_split": cfg.data.test_split,
-        "sacrebleu_signature": signature,
+        "sacrebleu_signature": test_scores["sacrebleu_signature"],
+        "decoding": OmegaConf.to_container(cfg.decoding, resolve=True),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_tokens": throughput.tokens,
         "train_tokens_per_s": throughput.tokens_per_s,
-        "wall_s": time.perf_counter() - start,
         "best_checkpoint": str(Path(best).relative_to(run_dir)) if best else None,
-        "overrides": list(overrides or []),
     }
+    averaged = average_run(trainer, run_dir, cfg.checkpoint.average_last)
+    if averaged is not None:
+        trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False)
+        scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.averaged.hyp.txt")
+        sources = torch.load(averaged, map_location="cpu", weights_only=False)["averaged_from"]
+        results["test_bleu_averaged"] = scores["sacrebleu"]
+        results["test_chrf_averaged"] = scores["chrf"]
+        results["averaged_checkpoints"] = [Path(source["path"]).name for source in sources]
+    results["wall_s"] = time.perf_counter() - start
+    results["overrides"] = list(overrides or [])
     if trainer.is_global_zero:
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
-def score_hypotheses(hypotheses: dict[int, str], references: list[str], run_dir: Path) -> tuple[float, str]:
-    """sacreBLEU of the test hypotheses (in corpus order), written to ``test.hyp.txt``; returns score and
-    signature."""
+def check_checkpointing(checkpoint: DictConfig) -> None:
+    """``checkpoint.keep_last`` and ``checkpoint.average_last`` must fit together; fail before training."""
+    keep, average = checkpoint.keep_last, checkpoint.average_last
+    if not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"checkpoint.keep_last={keep} must be a whole number >= 0 (0 keeps no step checkpoints)")
+    if not isinstance(average, int) or average < 0:
+        raise ValueError(f"checkpoint.average_last={average} must be a whole number >= 0 (0 or 1: no averaging)")
+    if average > keep:
+        raise ValueError(
+            f"checkpoint.average_last={average} needs that many kept checkpoints; set checkpoint.keep_last>={average}"
+        )
+
+
+def average_run(trainer: pl.Trainer, run_dir: Path, last_n: int) -> Path | None:
+    """Average the newest ``last_n`` step checkpoints into ``checkpoints/averaged.ckpt``.
+
+    Returns None when fewer than two exist (averaging one checkpoint would only copy it).
+    """
+    newest = step_checkpoints(run_dir)[-last_n:] if last_n >= 2 else []
+    if len(newest) < 2:
+        return None
+    target = run_dir / "checkpoints" / "averaged.ckpt"
+    if trainer.is_global_zero:
+        save_checkpoint(average_checkpoints(newest), target)
+    trainer.strategy.barrier("averaged checkpoint written")
+    return target
+
+
+def score_hypotheses(hypotheses: dict[int, str], references: list[str], output: Path) -> dict[str, Any]:
+    """Scores of the test hypotheses, which are written in corpus order to ``output``."""
     missing = len(references) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(references)} test sentences were not translated")
     ordered = [hypotheses[i] for i in range(len(references))]
-    (run_dir / "test.hyp.txt").write_text("".join(line + "\n" for line in ordered), encoding="utf-8")
-    bleu = sacrebleu.BLEU(**BLEU_SETTINGS)
-    score = bleu.corpus_score(ordered, [references])
-    return score.score, str(bleu.get_signature())
+    output.write_text("".join(line + "\n" for line in ordered), encoding="utf-8")
+    return corpus_scores(ordered, references)

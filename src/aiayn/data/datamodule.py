@@ -107,6 +107,13 @@ class Multi30kDataModule(pl.LightningDataModule):
         name = f"multi30k-{'-'.join(langs)}-bpe{self.vocab_size}-{digest.hexdigest()[:12]}"
         return self.cache_dir / "tokenized" / name
 
+    def split_texts(self, split: str) -> tuple[list[str], list[str]]:
+        """Raw source and target lines of a corpus split (``train``, ``val`` or ``test``), aligned."""
+        if split not in MULTI30K_SPLITS:
+            raise ValueError(f"split={split!r} is not a Multi30k split; use one of {', '.join(MULTI30K_SPLITS)}")
+        corpus = self.corpus_dir()
+        return read_parallel(self._files(corpus, split, self.src_lang), self._files(corpus, split, self.tgt_lang))
+
     # -- Lightning hooks --------------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Train the tokenizer and encode every split, unless the cache has them already."""

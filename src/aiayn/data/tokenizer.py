@@ -18,8 +18,19 @@ class Tokenizer:
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
     def __init__(self, model_file: Path) -> None:
-        self.model_file = Path(model_file)
+        self.model_file: Path | None = Path(model_file)
         self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+
+    @classmethod
+    def from_bytes(cls, model: bytes) -> Tokenizer:
+        """The tokenizer whose serialized model :meth:`to_bytes` gave (checkpoints carry it this way)."""
+        tokenizer = cls.__new__(cls)
+        tokenizer.model_file = None
+        tokenizer.sp = spm.SentencePieceProcessor(model_proto=model)
+        return tokenizer
+
+    def to_bytes(self) -> bytes:
+        return self.sp.serialized_model_proto()
 
     @property
     def vocab_size(self) -> int:

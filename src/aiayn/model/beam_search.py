@@ -60,7 +60,8 @@ def beam_search(
         alpha = 0.0  # with α = 0 the first EOS that is the arg-max can no longer be beaten: greedy
     pad_id, k = model.cfg.pad_id, beam_size
     device, n_sent = src.device, src.size(0)
-    max_len = src.ne(pad_id).sum(dim=1) + max_len_offset  # (B,) tokens allowed before EOS
+    # (B,) tokens allowed before EOS; the decoder's position tables (BOS + tokens) bound them as well.
+    max_len = (src.ne(pad_id).sum(dim=1) + max_len_offset).clamp(max=model.cfg.max_positions - 1)
     memory, src_padding = model.encode(src)
     # Every beam of a sentence attends to the same encoder output: repeat it once per beam.
     memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, d_model)

@@ -1,0 +1,89 @@
+"""``aiayn-eval``: a checkpoint + a data split → hypotheses and their scores; see conf/eval.yaml."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from aiayn.checkpoints import load_model
+from aiayn.cli.common import reported_as_usage_errors, resolve_device
+from aiayn.config import config_dir
+from aiayn.data.corpus import read_parallel
+from aiayn.scoring import corpus_scores
+from aiayn.translator import Translator
+
+
+def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any]) -> tuple[str, list[str], list[str]]:
+    """A name for the evaluated text, its source lines and its references."""
+    if cfg.source or cfg.reference:
+        if not (cfg.source and cfg.reference):
+            raise ValueError("source and reference go together: set both, or neither to evaluate a split")
+        source, reference = read_parallel(Path(cfg.source), Path(cfg.reference))
+        return Path(cfg.source).name, source, reference
+    data = OmegaConf.create(run_config["data"])
+    for key in ("root", "cache_dir"):
+        if cfg.data[key] is not None:
+            data[key] = cfg.data[key]
+    if data.get("root") and not Path(data.root).expanduser().is_dir():
+        raise ValueError(f"data.root={data.root} (from the checkpoint's run) is not a folder; set data.root=<corpus>")
+    source, reference = instantiate(data).split_texts(cfg.split)
+    return cfg.split, source, reference
+
+
+def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    return run / "eval"
+
+
+@hydra.main(config_path=config_dir(), config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with reported_as_usage_errors("aiayn-eval"):
+        checkpoint = Path(cfg.checkpoint)
+        if cfg.tokenized_bleu not in ("auto", True, False):
+            raise ValueError(f"tokenized_bleu={cfg.tokenized_bleu} must be auto, true or false")
+        model, tokenizer, run_config = load_model(checkpoint, resolve_device(cfg.device))
+        name, source, reference = evaluation_texts(cfg, run_config)
+        decoding = OmegaConf.to_container(cfg.decoding, resolve=True)
+        translator = Translator(model, tokenizer, **decoding, max_tokens=cfg.max_tokens)
+        start = time.perf_counter()
+        hypotheses = translator.translate(source)
+        seconds = time.perf_counter() - start
+
+        tgt_lang = run_config["data"].get("tgt_lang")
+        wants_tokenized = cfg.tokenized_bleu is True or (cfg.tokenized_bleu == "auto" and tgt_lang == "de")
+        scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
+        folder = output_folder(cfg, checkpoint)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = f"{checkpoint.stem}.{name}.beam{decoding['beam_size']}-alpha{decoding['alpha']}"
+        hyp_file = folder / f"{stem}.hyp.txt"
+        hyp_file.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+        report = {
+            "checkpoint": str(checkpoint),
+            "evaluated": name,
+            "sentences": len(source),
+            "decoding": decoding,
+            **scores,
+            "seconds": seconds,
+            "sentences_per_s": len(source) / seconds if seconds else None,
+            "hypotheses": str(hyp_file),
+        }
+        (folder / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        print(f"sacreBLEU {scores['sacrebleu']:.2f}  {scores['sacrebleu_signature']}  (detokenized; compare this one)")
+        print(f"chrF      {scores['chrf']:.2f}  {scores['chrf_signature']}")
+        if "tokenized_bleu" in scores:
+            print(f"tokenized BLEU {scores['tokenized_bleu']:.2f}  ({scores['tokenized_bleu_note']})")
+        print(
+            f"{len(source)} sentences in {seconds:.1f} s; hypotheses: {hyp_file}; scores: {folder / (stem + '.json')}"
+        )
+
+
+if __name__ == "__main__":
+    main()

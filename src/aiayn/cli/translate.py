@@ -1,0 +1,45 @@
+"""``aiayn-translate``: translate lines from stdin (or a file) to stdout (or a file); see conf/translate.yaml."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from aiayn.cli.common import reported_as_usage_errors, resolve_device
+from aiayn.config import config_dir
+from aiayn.translator import Translator
+
+
+@hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with reported_as_usage_errors("aiayn-translate"), ExitStack() as files:
+        translator = Translator.from_checkpoint(
+            Path(cfg.checkpoint),
+            resolve_device(cfg.device),
+            beam_size=cfg.decoding.beam_size,
+            alpha=cfg.decoding.alpha,
+            max_len_offset=cfg.decoding.max_len_offset,
+            max_tokens=cfg.max_tokens,
+        )
+        if cfg.input:
+            source = files.enter_context(open(cfg.input, encoding="utf-8"))
+        else:
+            sys.stdin.reconfigure(encoding="utf-8")
+            source = sys.stdin
+        if cfg.output:
+            target = files.enter_context(open(cfg.output, "w", encoding="utf-8"))
+        else:
+            sys.stdout.reconfigure(encoding="utf-8")
+            target = sys.stdout
+        lines = (line.rstrip("\r\n") for line in source)
+        for translations in translator.translate_blocks(lines, block=cfg.buffer_lines):
+            target.write("".join(line + "\n" for line in translations))
+            target.flush()  # a reader at the other end of a pipe gets each block at once
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Text in, text out: a trained model, its tokenizer and the decoding options, batched by length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from pathlib import Path
+
+import torch
+
+from aiayn.checkpoints import load_model
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.model import Transformer, translate_ids
+from aiayn.module import check_decoding
+
+
+class Translator:
+    """Translates lines of raw text with beam search (``beam_size`` 1: greedy).
+
+    Lines are encoded with the model's own BPE, sorted by length and cut into batches of at most
+    ``max_tokens`` source tokens (padding included), so that short sentences are not padded to long
+    ones; results come back in input order. An empty line translates to an empty line.
+    """
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        beam_size: int = 4,
+        alpha: float = 0.6,
+        max_len_offset: int = 50,
+        max_tokens: int = 8192,
+    ) -> None:
+        check_decoding(beam_size, alpha, max_len_offset)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.beam_size, self.alpha, self.max_len_offset = beam_size, alpha, max_len_offset
+        self.max_tokens = max_tokens
+        self.device = next(model.parameters()).device
+
+    @classmethod
+    def from_checkpoint(cls, path: Path, device: str | torch.device = "cpu", **options: int | float) -> Translator:
+        model, tokenizer, _ = load_model(path, device)
+        return cls(model, tokenizer, **options)
+
+    def translate(self, lines: Sequence[str]) -> list[str]:
+        """Translations of ``lines``, in the same order."""
+        ids = self.tokenizer.encode([line.strip() for line in lines])
+        limit = self.model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
+        for number, row in enumerate(ids, start=1):
+            if len(row) > limit:
+                raise ValueError(f"line {number} has {len(row)} tokens; this model reads at most {limit}")
+        order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: len(ids[i]), reverse=True)
+        outputs = [""] * len(lines)
+        for batch in self._batches(order, ids):
+            src = self._source_tensor([ids[i] for i in batch])
+            hypotheses = translate_ids(
+                self.model,
+                src,
+                self.tokenizer.bos_id,
+                self.tokenizer.eos_id,
+                self.beam_size,
+                self.alpha,
+                self.max_len_offset,
+            )
+            for i, text in zip(batch, self.tokenizer.decode(hypotheses), strict=True):
+                outputs[i] = text
+        return outputs
+
+    def translate_blocks(self, lines: Iterable[str], block: int = 1000) -> Iterator[list[str]]:
+        """Translate an unbounded stream ``block`` lines at a time (for pipes), in order."""
+        iterator = iter(lines)
+        while chunk := list(islice(iterator, block)):
+            yield self.translate(chunk)
+
+    def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
+        batch: list[int] = []
+        for i in order:  # longest first: the first sentence of a batch sets its width
+            width = len(ids[batch[0]] if batch else ids[i]) + 1
+            if batch and (len(batch) + 1) * width > self.max_tokens:
+                yield batch
+                batch = []
+            batch.append(i)
+        if batch:
+            yield batch
+
+    def _source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
+        """Source ids + EOS, right-padded, as the training batches are (see ``data.dataset.Collator``)."""
+        width = max(len(row) for row in rows) + 1
+        src = torch.full((len(rows), width), self.tokenizer.pad_id, dtype=torch.long)
+        for r, row in enumerate(rows):
+            src[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+            src[r, len(row)] = self.tokenizer.eos_id
+        return src.to(self.device)

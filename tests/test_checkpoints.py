@@ -1,0 +1,102 @@
+"""Checkpoint averaging (§6.1), finding a run's newest checkpoints, and loading one for translation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.checkpoints import (
+    CheckpointError,
+    average_checkpoints,
+    load_model,
+    save_checkpoint,
+    step_checkpoints,
+)
+from aiayn.cli.average import main as average_main
+
+
+def fake_checkpoint(seed: int, step: int) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "global_step": step,
+        "state_dict": {
+            "model.weight": torch.randn(4, 3, generator=generator),
+            "model.half": torch.randn(5, generator=generator).half(),
+            "model.count": torch.tensor(step),
+        },
+        "optimizer_states": [{"state": "large"}],
+        "hyper_parameters": {"beam_size": 4},
+    }
+
+
+def test_averaging_gives_the_element_wise_mean(tmp_path: Path) -> None:
+    checkpoints = [fake_checkpoint(seed, step) for seed, step in ((1, 100), (2, 200), (3, 300))]
+    paths = []
+    for checkpoint in checkpoints:
+        paths.append(tmp_path / f"step{checkpoint['global_step']:07d}.ckpt")
+        torch.save(checkpoint, paths[-1])
+    averaged = average_checkpoints(paths)
+    weights = averaged["state_dict"]
+    expected = sum(c["state_dict"]["model.weight"].double() for c in checkpoints) / 3
+    torch.testing.assert_close(weights["model.weight"], expected.float())
+    assert weights["model.weight"].dtype == torch.float32 and weights["model.half"].dtype == torch.float16
+    torch.testing.assert_close(
+        weights["model.half"], (sum(c["state_dict"]["model.half"].double() for c in checkpoints) / 3).half()
+    )
+    assert int(weights["model.count"]) == 300  # integer buffers are taken from the newest, not averaged
+    assert "optimizer_states" not in averaged and averaged["hyper_parameters"] == {"beam_size": 4}
+    assert [source["global_step"] for source in averaged["averaged_from"]] == [100, 200, 300]
+
+
+def test_checkpoints_of_different_models_are_not_averaged(tmp_path: Path) -> None:
+    first, second = fake_checkpoint(1, 1), fake_checkpoint(2, 2)
+    second["state_dict"]["model.weight"] = torch.zeros(4, 4)
+    torch.save(first, tmp_path / "a.ckpt")
+    torch.save(second, tmp_path / "b.ckpt")
+    with pytest.raises(CheckpointError, match=r"b\.ckpt: model\.weight has shape \(4, 4\)"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+    del second["state_dict"]["model.weight"]
+    torch.save(second, tmp_path / "b.ckpt")
+    with pytest.raises(CheckpointError, match="other weights"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+    (tmp_path / "broken.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match=r"broken\.ckpt cannot be read"):
+        average_checkpoints([tmp_path / "broken.ckpt"])
+
+
+def test_step_checkpoints_are_ordered_by_step_not_by_name(tmp_path: Path) -> None:
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in ("step0000900.ckpt", "step10000000.ckpt", "step0001000.ckpt", "best.ckpt", "last.ckpt"):
+        (folder / name).touch()
+    expected = ["step0000900.ckpt", "step0001000.ckpt", "step10000000.ckpt"]
+    assert [p.name for p in step_checkpoints(tmp_path)] == expected
+    assert [p.name for p in step_checkpoints(folder)] == expected
+
+
+def test_aiayn_average_takes_the_newest_of_a_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "checkpoints"
+    for seed, step in ((1, 50), (2, 100), (3, 150), (4, 200)):
+        save_checkpoint(fake_checkpoint(seed, step), folder / f"step{step:07d}.ckpt")
+    average_main([str(tmp_path), "--last", "3"])
+    averaged = torch.load(folder / "averaged-last3.ckpt", weights_only=False)
+    assert [s["global_step"] for s in averaged["averaged_from"]] == [100, 150, 200]
+    expected = sum(fake_checkpoint(seed, 0)["state_dict"]["model.weight"] for seed in (2, 3, 4)) / 3
+    torch.testing.assert_close(averaged["state_dict"]["model.weight"], expected)
+    with pytest.raises(SystemExit) as exit_info:
+        average_main([str(tmp_path), "--last", "7"])
+    assert exit_info.value.code == 2
+    assert "has 4 step checkpoints, fewer than --last=7" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        average_main([str(folder / "step0000050.ckpt"), str(folder / "step0000100.ckpt")])
+    assert "--output is required" in capsys.readouterr().err
+
+
+def test_a_checkpoint_without_tokenizer_and_config_is_refused(tmp_path: Path) -> None:
+    torch.save(fake_checkpoint(1, 1), tmp_path / "foreign.ckpt")
+    with pytest.raises(CheckpointError, match="not written by aiayn-train"):
+        load_model(tmp_path / "foreign.ckpt")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "missing.ckpt")

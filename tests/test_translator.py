@@ -1,0 +1,70 @@
+"""Text in, text out: batching by length keeps the input order and the translations themselves."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.model import Transformer, TransformerConfig
+from aiayn.translator import Translator
+
+WORDS = [
+    "a",
+    "man",
+    "woman",
+    "dog",
+    "runs",
+    "walks",
+    "in",
+    "the",
+    "park",
+    "street",
+    "with",
+    "red",
+    "blue",
+    "ball",
+    "near",
+    "house",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    rng = random.Random(0)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(300)]
+    return Tokenizer.train(lines, 60, tmp_path_factory.mktemp("spm") / "spm.model")
+
+
+def random_translator(tokenizer: Tokenizer, **options: int | float) -> Translator:
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=tokenizer.vocab_size, n_layers=1, d_model=32, d_ff=64, n_heads=2, d_k=16, d_v=16, max_positions=64
+    )
+    return Translator(Transformer(cfg), tokenizer, **options)
+
+
+def test_batches_of_any_size_give_the_same_translations_in_input_order(tokenizer: Tokenizer) -> None:
+    rng = random.Random(1)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 15))) for _ in range(25)]
+    lines[3] = ""
+    lines[17] = "   "
+    one_batch = random_translator(tokenizer, max_tokens=100_000, max_len_offset=4).translate(lines)
+    tiny_batches = random_translator(tokenizer, max_tokens=20, max_len_offset=4).translate(lines)
+    one_by_one = [random_translator(tokenizer, max_len_offset=4).translate([line])[0] for line in lines]
+    assert one_batch == tiny_batches == one_by_one
+    assert one_batch[3] == one_batch[17] == ""  # empty in, empty out
+    assert sum(bool(text) for text in one_batch) == 23
+    streamed = random_translator(tokenizer, max_len_offset=4).translate_blocks(iter(lines), block=7)
+    assert [text for block in streamed for text in block] == one_batch
+
+
+def test_bad_options_and_overlong_lines_are_refused(tokenizer: Tokenizer) -> None:
+    with pytest.raises(ValueError, match=r"decoding\.beam_size=0 must be"):
+        random_translator(tokenizer, beam_size=0)
+    with pytest.raises(ValueError, match=r"decoding\.alpha=-1 must be >= 0"):
+        random_translator(tokenizer, alpha=-1)
+    with pytest.raises(ValueError, match=r"line 2 has \d+ tokens; this model reads at most 63"):
+        random_translator(tokenizer).translate(["a man", " ".join(["house"] * 80)])
