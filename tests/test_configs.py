@@ -15,6 +15,7 @@ from aiayn.data import Multi30kDataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.module import TranslationModule
+from aiayn.train import check_checkpointing
 from composed import compose_config
 
 CONF = Path(config_dir())
@@ -84,3 +85,42 @@ def test_defaults_are_the_tuned_cpu_run() -> None:
     assert cfg.trainer.max_time is not None  # the default run is bounded in wall time
     datamodule = instantiate(cfg.data)
     assert MULTI30K_SPLITS[datamodule.split_names["test"]] == "test_2016_flickr"
+
+
+@pytest.mark.parametrize(("option", "beam_size"), [("paper", 4), ("greedy", 1)])
+def test_decoding_options_reach_the_module(option: str, beam_size: int) -> None:
+    cfg = compose_config("train", [f"decoding={option}", "model=tiny", "data.vocab_size=1000"])
+    module = TranslationModule(**module_kwargs(cfg))
+    assert module.hparams.beam_size == beam_size and module.hparams.max_len_offset == 50
+    for tool in ("eval", "translate"):  # the other tools compose the same group
+        assert compose_config(tool, [f"decoding={option}", "checkpoint=x.ckpt"]).decoding.beam_size == beam_size
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("decoding.beam_size=0", "decoding.beam_size=0 must be a whole number >= 1"),
+        ("decoding.alpha=-0.5", "decoding.alpha=-0.5 must be >= 0"),
+        ("decoding.max_len_offset=-1", "decoding.max_len_offset=-1 must be a whole number >= 0"),
+    ],
+)
+def test_bad_decoding_options_fail_when_the_module_is_built(override: str, message: str) -> None:
+    cfg = compose_config("train", [override, "model=tiny", "data.vocab_size=1000"])
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        TranslationModule(**module_kwargs(cfg))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["checkpoint.average_last=8"],
+            r"checkpoint\.average_last=8 needs that many kept checkpoints; set checkpoint\.keep_last>=8",
+        ),
+        (["checkpoint.keep_last=-1"], r"checkpoint\.keep_last=-1 must be a whole number >= 0"),
+    ],
+)
+def test_checkpoint_averaging_that_cannot_happen_fails_before_training(overrides: list[str], message: str) -> None:
+    cfg = compose_config("train", overrides)
+    with pytest.raises(ValueError, match=message):
+        check_checkpointing(cfg.checkpoint)

@@ -70,6 +70,8 @@ class Translator:
 
     def translate_blocks(self, lines: Iterable[str], block: int = 1000) -> Iterator[list[str]]:
         """Translate an unbounded stream ``block`` lines at a time (for pipes), in order."""
+        if block < 1:
+            raise ValueError(f"block={block}: translate at least 1 line at a time")
         iterator = iter(lines)
         while chunk := list(islice(iterator, block)):
             yield self.translate(chunk)

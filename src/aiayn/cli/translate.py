@@ -17,6 +17,8 @@ from aiayn.translator import Translator
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-translate"), ExitStack() as files:
+        if cfg.buffer_lines < 1:
+            raise ValueError(f"buffer_lines={cfg.buffer_lines} must be >= 1")
         translator = Translator.from_checkpoint(
             Path(cfg.checkpoint),
             resolve_device(cfg.device),

@@ -83,7 +83,8 @@ def beam_search(
 
     for step in range(longest + 1):
         n = active.numel()
-        logits = model.decode(tokens[:, -1:] if use_cache else tokens, memory, src_padding, state)[:, -1]
+        step_input = tokens[:, -1:] if use_cache else tokens
+        logits = model.decode(step_input, memory, src_padding, state, last_only=True)[:, -1]
         log_probs = logits.float().log_softmax(dim=-1)
         log_probs.index_fill_(1, never, float("-inf"))
         vocab = log_probs.size(-1)

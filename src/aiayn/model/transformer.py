@@ -112,11 +112,13 @@ class Transformer(nn.Module):
         memory: torch.Tensor,
         src_padding: torch.Tensor | None,
         state: DecoderState | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
-        """Shifted target ids (B, T) → logits (B, T, vocab).
+        """Shifted target ids (B, T) → logits (B, T, vocab), or (B, 1, vocab) for the last position only.
 
         With ``state``, ``tgt_in`` holds only the next position (B, 1): earlier positions are read from
-        the key/value caches in ``state``, which this call extends.
+        the key/value caches in ``state``, which this call extends. ``last_only`` skips the output
+        projection of earlier positions, which decoding without a cache does not need.
         """
         offset = state.length if state is not None else 0
         x = self._embed(self.tgt_embed, tgt_in, offset)
@@ -124,6 +126,8 @@ class Transformer(nn.Module):
             x = layer(x, memory, src_padding, state.layers[i] if state is not None else None)
         if state is not None:
             state.length += tgt_in.size(1)
+        if last_only:
+            x = x[:, -1:]
         return self.output_proj(self.decoder_norm(x))
 
     def init_state(self) -> DecoderState:

@@ -1,0 +1,139 @@
+"""Beam-search speed: our cached search against recomputing the prefix and against Hugging Face `generate`.
+
+All three decode the same random source batches with beam 4 on models of the same size (the default
+`small`: 3+3 layers, d_model 256, 4 heads, d_ff 1024, 8000-token shared vocabulary, random weights).
+EOS is made (almost) impossible until the length limit in every contestant, so each one runs exactly the
+same number of decoder steps per sentence. Contestants alternate, in this one process, after a warm-up.
+Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
+Usage: python benchmarks/decoding.py [--sentences 128] [--src-len 16] [--out-len 24] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from aiayn.model import Transformer, TransformerConfig, beam_search
+from aiayn.model.flops import count_parameters
+
+PAD, BOS, EOS = 0, 2, 3
+SMALL = {"vocab_size": 8000, "n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64}
+NO_EOS = -1.0e4  # added to EOS's logit: finite, so EOS still closes a sentence at the length limit
+
+
+class LateEosTransformer(Transformer):
+    """Our model with EOS pushed down, so that only the length limit ends a sentence."""
+
+    def decode(self, *args, **kwargs) -> torch.Tensor:  # type: ignore[override]
+        logits = super().decode(*args, **kwargs)
+        logits[..., EOS] += NO_EOS
+        return logits
+
+
+def hugging_face_model() -> torch.nn.Module:
+    """A Marian (post-LN, sinusoidal, scaled and shared embeddings) Transformer of the same size."""
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=SMALL["vocab_size"],
+        decoder_vocab_size=SMALL["vocab_size"],
+        d_model=SMALL["d_model"],
+        encoder_layers=SMALL["n_layers"],
+        decoder_layers=SMALL["n_layers"],
+        encoder_attention_heads=SMALL["n_heads"],
+        decoder_attention_heads=SMALL["n_heads"],
+        encoder_ffn_dim=SMALL["d_ff"],
+        decoder_ffn_dim=SMALL["d_ff"],
+        activation_function="relu",
+        max_position_embeddings=1024,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=BOS,
+        forced_eos_token_id=None,
+    )
+    return MarianMTModel(config).eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=128)
+    parser.add_argument("--src-len", type=int, default=16, help="source tokens per sentence, EOS included")
+    parser.add_argument("--out-len", type=int, default=24, help="decoder steps per sentence, EOS included")
+    parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    ours = LateEosTransformer(TransformerConfig(**SMALL)).eval()
+    src = torch.randint(4, SMALL["vocab_size"], (args.sentences, args.src_len))
+    src[:, -1] = EOS
+    batches = src.split(args.batch)
+    # out_len - 1 tokens may precede EOS: out_len decoder steps, as max_new_tokens=out_len gives Hugging Face
+    offset = args.out_len - 1 - args.src_len
+
+    def our_search(use_cache: bool) -> Callable[[], None]:
+        def run() -> None:
+            for batch in batches:
+                found = beam_search(ours, batch, BOS, EOS, 4, 0.6, offset, use_cache=use_cache)
+                assert all(len(h.tokens) == args.out_len - 1 for h in found)
+
+        return run
+
+    contestants: dict[str, Callable[[], None]] = {
+        "aiayn cached": our_search(True),
+        "aiayn recompute": our_search(False),
+    }
+    if not args.skip_hf:
+        hf = hugging_face_model()
+
+        def hf_generate() -> None:
+            with torch.no_grad():
+                for batch in batches:
+                    out = hf.generate(
+                        input_ids=batch,
+                        attention_mask=batch.ne(PAD),
+                        num_beams=4,
+                        length_penalty=0.6,
+                        do_sample=False,
+                        min_new_tokens=args.out_len,
+                        max_new_tokens=args.out_len,
+                    )
+                    assert out.size(1) == args.out_len + 1  # the start token + out_len new ones
+
+        contestants["transformers generate"] = hf_generate
+
+    timings: dict[str, list[float]] = {name: [] for name in contestants}
+    for run in contestants.values():
+        run()  # warm-up
+    for _ in range(args.rounds):
+        for name, run in contestants.items():
+            start = time.perf_counter()
+            run()
+            timings[name].append(args.sentences / (time.perf_counter() - start))
+
+    medians = {name: statistics.median(speeds) for name, speeds in timings.items()}
+    reference = medians["aiayn cached"]
+    print(
+        f"beam 4, {args.sentences} sentences of {args.src_len} source tokens, {args.out_len} decoder steps each, "
+        f"batches of {args.batch}; {torch.get_num_threads()} threads, {os.cpu_count()} cores; "
+        f"ours {count_parameters(ours) / 1e6:.2f}M parameters"
+        + ("" if args.skip_hf else f", Hugging Face {count_parameters(hf) / 1e6:.2f}M")
+    )
+    print(f"{'decoder':<24} {'sentences/s (median)':>21} {'aiayn cached is':>16}")
+    for name, speed in medians.items():
+        print(f"{name:<24} {speed:>21.1f} {reference / speed:>15.2f}x")
+    print(json.dumps({"sentences_per_s": medians, "rounds": timings}))
+
+
+if __name__ == "__main__":
+    main()
