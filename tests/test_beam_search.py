@@ -90,13 +90,13 @@ def test_beam_size_one_is_greedy_decoding(alpha: float) -> None:
     assert greedy_decode(model, src, BOS, EOS, max_len_offset=8) == expected
 
 
-@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0])
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0, 5.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_large_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None:
     # Vocabulary: PAD, UNK, BOS, EOS and two words; UNK and the words may be generated (3 choices).
     # With at most 3 + 1 tokens there are 3^4 = 81 live prefixes at most, all inside a beam of 96.
-    # α = 2 rewards length strongly: a search that stopped once some hypothesis had finished would
-    # miss the longer winners.
+    # α = 2 and 5 reward length strongly: a search that stopped once some hypothesis had finished, or
+    # that bounded live beams by a length penalty shorter than the longest reachable, misses the winners.
     model = random_model(vocab=6, sharpen=4.0, seed=seed)
     src = torch.tensor([[4, 5, 4], [5, 0, 0], [4, 4, 0]])
     found = beam_search(model, src, BOS, EOS, beam_size=96, alpha=alpha, max_len_offset=1)
@@ -140,3 +140,25 @@ def test_the_search_stops_once_no_live_beam_can_win() -> None:
     assert [h.tokens for h in hypotheses] == [[], [], []]
     assert model.calls == 1
     assert all(math.isclose(h.score, h.log_prob) for h in hypotheses)  # lp(1) = 1
+
+
+def test_outputs_never_outgrow_the_position_table() -> None:
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        vocab_size=40, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8, positional="learned", max_positions=9
+    )
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        model.output_proj.weight[EOS].zero_()  # as above: only the limit ends a sentence
+        model.output_proj.weight.mul_(10)
+    src = padded_sources(40, [6, 2])
+    hypotheses = beam_search(model, src, BOS, EOS, beam_size=3, max_len_offset=50)
+    # BOS + 8 tokens fill the 9 learned positions; the second sentence's own limit (2 + 2) comes first
+    assert [len(h.tokens) for h in hypotheses] == [8, 8]
+    assert [len(h.tokens) for h in beam_search(model, src, BOS, EOS, beam_size=3, max_len_offset=2)] == [8, 4]
+
+
+@pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.1])
+def test_a_length_penalty_that_is_not_a_finite_non_negative_number_is_refused(alpha: float) -> None:
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
+        beam_search(random_model(), padded_sources(40, [3]), BOS, EOS, beam_size=2, alpha=alpha)

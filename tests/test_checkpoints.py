@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,41 @@ def test_checkpoints_of_different_models_are_not_averaged(tmp_path: Path) -> Non
         average_checkpoints([tmp_path / "broken.ckpt"])
 
 
+def test_only_checkpoints_of_one_model_are_averaged_each_once(tmp_path: Path) -> None:
+    first, other = fake_checkpoint(1, 1), fake_checkpoint(2, 2)
+    first["aiayn"], other["aiayn"] = {"tokenizer": b"bpe-1"}, {"tokenizer": b"bpe-2"}
+    torch.save(first, tmp_path / "a.ckpt")
+    torch.save(other, tmp_path / "b.ckpt")
+    with pytest.raises(CheckpointError, match="another tokenizer"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+    other["aiayn"] = first["aiayn"]
+    other["hyper_parameters"] = {"model": {"d_model": 8}}
+    torch.save(other, tmp_path / "b.ckpt")
+    with pytest.raises(CheckpointError, match="other model hyperparameters"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+    with pytest.raises(CheckpointError, match="listed twice"):
+        average_checkpoints([tmp_path / "a.ckpt", tmp_path / ".." / tmp_path.name / "a.ckpt"])
+
+
+def test_tied_weights_stay_tied_in_the_average(tmp_path: Path) -> None:
+    paths = []
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        shared = torch.randn(6, 4)
+        checkpoint = {"global_step": seed, "state_dict": {"model.src": shared, "model.out": shared}}
+        paths.append(tmp_path / f"{seed}.ckpt")
+        save_checkpoint(checkpoint, paths[-1])
+    assert (paths[0].stat().st_mode & 0o777) == 0o666 & ~_umask()
+    averaged = average_checkpoints(paths)["state_dict"]
+    assert averaged["model.src"] is averaged["model.out"]  # one tensor: saved once, loaded tied
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def test_step_checkpoints_are_ordered_by_step_not_by_name(tmp_path: Path) -> None:
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -92,6 +128,12 @@ def test_aiayn_average_takes_the_newest_of_a_run(tmp_path: Path, capsys: pytest.
     with pytest.raises(SystemExit):
         average_main([str(folder / "step0000050.ckpt"), str(folder / "step0000100.ckpt")])
     assert "--output is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        average_main([str(tmp_path), "--last", "2", "-o", str(folder / "step0000200.ckpt")])
+    assert "is one of the inputs" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        average_main([str(tmp_path / "no-such-run")])
+    assert "no-such-run does not exist" in capsys.readouterr().err
 
 
 def test_a_checkpoint_without_tokenizer_and_config_is_refused(tmp_path: Path) -> None:

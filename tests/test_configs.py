@@ -100,7 +100,7 @@ def test_decoding_options_reach_the_module(option: str, beam_size: int) -> None:
     ("override", "message"),
     [
         ("decoding.beam_size=0", "decoding.beam_size=0 must be a whole number >= 1"),
-        ("decoding.alpha=-0.5", "decoding.alpha=-0.5 must be >= 0"),
+        ("decoding.alpha=-0.5", "decoding.alpha=-0.5 must be a number >= 0"),
         ("decoding.max_len_offset=-1", "decoding.max_len_offset=-1 must be a whole number >= 0"),
     ],
 )

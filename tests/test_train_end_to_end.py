@@ -121,6 +121,28 @@ def test_overfitting_64_pairs_then_translating_them_back_through_a_pipe(
     assert report["sacrebleu"] > 90 and report["tokenized_bleu"] > 90 and report["chrf"] > 90
     assert "sacreBLEU" in evaluated.stdout and "tokenized BLEU" in evaluated.stdout
 
+    # a file given as input= is split at line feeds only, as stdin is: a stray carriage return stays inside
+    with_cr = [*source[:10], source[10] + "\r" + source[11], *source[12:]]
+    (tmp_path / "cr.en").write_text("".join(line + "\n" for line in with_cr), encoding="utf-8", newline="")
+    from_file = subprocess.run(
+        ["aiayn-translate", f"checkpoint={checkpoint}", f"input={tmp_path / 'cr.en'}", f"output={tmp_path / 'cr.de'}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert from_file.returncode == 0 and from_file.stdout == "", from_file.stderr[-3000:]
+    out = (tmp_path / "cr.de").read_text(encoding="utf-8").splitlines()
+    assert len(out) == 63 and out[:10] == references[:10] and out[11:] == references[12:]
+
+    for command, message in (
+        (["aiayn-translate"], "aiayn-translate: error: checkpoint=<path to a .ckpt"),
+        (
+            ["aiayn-eval", f"checkpoint={checkpoint}", "device=floppy"],
+            "aiayn-eval: error: device=floppy is not a device",
+        ),
+    ):
+        failed = subprocess.run(command, capture_output=True, text=True, input="", timeout=300)
+        assert failed.returncode == 2 and failed.stderr.startswith(message), failed.stderr[-3000:]
+        assert len(failed.stderr.strip().splitlines()) == 1
+
     broken = subprocess.run(["aiayn-eval", f"checkpoint={tmp_path / 'none.ckpt'}"], capture_output=True, text=True)
     assert broken.returncode == 2
     assert broken.stderr.strip().splitlines() == [

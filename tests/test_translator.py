@@ -64,7 +64,12 @@ def test_batches_of_any_size_give_the_same_translations_in_input_order(tokenizer
 def test_bad_options_and_overlong_lines_are_refused(tokenizer: Tokenizer) -> None:
     with pytest.raises(ValueError, match=r"decoding\.beam_size=0 must be"):
         random_translator(tokenizer, beam_size=0)
-    with pytest.raises(ValueError, match=r"decoding\.alpha=-1 must be >= 0"):
+    with pytest.raises(ValueError, match=r"decoding\.alpha=-1 must be a number >= 0"):
         random_translator(tokenizer, alpha=-1)
     with pytest.raises(ValueError, match=r"line 2 has \d+ tokens; this model reads at most 63"):
         random_translator(tokenizer).translate(["a man", " ".join(["house"] * 80)])
+    with pytest.raises(ValueError, match=r"line 5 has \d+ tokens"):  # counted across blocks of a stream
+        lines = ["a man", "the dog", "red ball", "a house", " ".join(["house"] * 80)]
+        list(random_translator(tokenizer).translate_blocks(iter(lines), block=2))
+    with pytest.raises(ValueError, match=r"decoding\.alpha=nan must be a number >= 0"):
+        random_translator(tokenizer, alpha=float("nan"))

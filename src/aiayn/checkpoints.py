@@ -41,6 +41,8 @@ def step_checkpoints(run: Path) -> list[Path]:
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is a folder; give a .ckpt file (e.g. {path}/checkpoints/best.ckpt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -52,21 +54,27 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     """The element-wise mean of the model weights of ``paths`` (§6.1), as a checkpoint that loads like them.
 
-    The result keeps the newest checkpoint's config, tokenizer and hyperparameters, drops the
-    optimizer and loop state, and lists its sources under ``averaged_from``.
+    The checkpoints must come from one model: same weights and shapes, same model hyperparameters and
+    tokenizer. The result keeps the config, tokenizer and hyperparameters of the one with the highest
+    global step, drops the optimizer and loop state, and lists its sources under ``averaged_from``.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
+    if len(set(map(Path.resolve, map(Path, paths)))) != len(paths):
+        raise CheckpointError("a checkpoint is listed twice; each one may count only once in the average")
     total: dict[str, torch.Tensor] = {}
     sources = []
     newest: dict[str, Any] = {}
+    first: dict[str, Any] = {}
     for path in paths:
         checkpoint = load_checkpoint(path)
         weights = checkpoint.get("state_dict")
         if weights is None:
             raise CheckpointError(f"checkpoint {path} has no state_dict")
-        if total and weights.keys() != total.keys():
-            raise CheckpointError(f"checkpoint {path} holds other weights than {paths[0]}; average one run's")
+        if not first:
+            first = checkpoint
+        else:
+            _check_same_model(first, checkpoint, path, paths[0])
         for name, tensor in weights.items():
             if name in total and tensor.shape != total[name].shape:
                 raise CheckpointError(
@@ -76,17 +84,42 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
             if tensor.is_floating_point():
                 total[name] = total.get(name, 0) + tensor.double()  # float64 sums: the mean of N is exact
             else:
-                total[name] = tensor  # integer buffers (counters) are not averaged; the newest is kept
+                total[name] = tensor  # integer buffers (counters) are not averaged; see below
         sources.append({"path": str(path), "global_step": checkpoint.get("global_step")})
-        newest = checkpoint
-    averaged = {
-        name: (tensor / len(paths)).to(newest["state_dict"][name].dtype) if tensor.is_floating_point() else tensor
-        for name, tensor in total.items()
-    }
+        if not newest or (checkpoint.get("global_step") or 0) >= (newest.get("global_step") or 0):
+            newest = checkpoint
     result = {key: value for key, value in newest.items() if key not in _TRAINING_STATE}
-    result["state_dict"] = averaged
+    result["state_dict"] = _mean(total, len(paths), newest["state_dict"])
     result["averaged_from"] = sources
     return result
+
+
+def _check_same_model(first: dict[str, Any], other: dict[str, Any], path: Path, first_path: Path) -> None:
+    if first["state_dict"].keys() != other["state_dict"].keys():
+        raise CheckpointError(f"checkpoint {path} holds other weights than {first_path}; average one run's")
+    model = first.get("hyper_parameters", {}).get("model")
+    if model != other.get("hyper_parameters", {}).get("model"):
+        raise CheckpointError(f"checkpoint {path} has other model hyperparameters than {first_path}")
+    tokenizers = [checkpoint.get(RUN_KEY, {}).get("tokenizer") for checkpoint in (first, other)]
+    if tokenizers[0] != tokenizers[1]:
+        raise CheckpointError(f"checkpoint {path} has another tokenizer than {first_path}; average one run's")
+
+
+def _mean(total: dict[str, torch.Tensor], n: int, newest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sums / n in each tensor's own dtype (integer buffers: the newest checkpoint's value).
+
+    Names that share one tensor in the newest checkpoint (the tied embedding and output matrices of
+    §3.4) share the averaged tensor too, so the file stores it once.
+    """
+    by_storage: dict[tuple[int, int], torch.Tensor] = {}
+    averaged = {}
+    for name, tensor in newest.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key not in by_storage:
+            summed = total[name]
+            by_storage[key] = (summed / n).to(tensor.dtype) if tensor.is_floating_point() else tensor
+        averaged[name] = by_storage[key]
+    return averaged
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
@@ -94,7 +127,14 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
-        torch.save(checkpoint, tmp)
+        try:
+            torch.save(checkpoint, tmp)
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp.name, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
     os.replace(tmp.name, path)
 
 

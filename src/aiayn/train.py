@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
@@ -92,14 +91,17 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
         "train_tokens_per_s": throughput.tokens_per_s,
         "best_checkpoint": str(Path(best).relative_to(run_dir)) if best else None,
     }
-    averaged = average_run(trainer, run_dir, cfg.checkpoint.average_last)
-    if averaged is not None:
+    sources = step_checkpoints(run_dir)[-cfg.checkpoint.average_last :] if cfg.checkpoint.average_last >= 2 else []
+    if len(sources) >= 2:  # averaging a single checkpoint would only copy it
+        averaged = run_dir / "checkpoints" / "averaged.ckpt"
+        if trainer.is_global_zero:
+            save_checkpoint(average_checkpoints(sources), averaged)
+        trainer.strategy.barrier("averaged checkpoint written")
         trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False)
         scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.averaged.hyp.txt")
-        sources = torch.load(averaged, map_location="cpu", weights_only=False)["averaged_from"]
         results["test_bleu_averaged"] = scores["sacrebleu"]
         results["test_chrf_averaged"] = scores["chrf"]
-        results["averaged_checkpoints"] = [Path(source["path"]).name for source in sources]
+        results["averaged_checkpoints"] = [source.name for source in sources]
     results["wall_s"] = time.perf_counter() - start
     results["overrides"] = list(overrides or [])
     if trainer.is_global_zero:
@@ -114,25 +116,10 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         raise ValueError(f"checkpoint.keep_last={keep} must be a whole number >= 0 (0 keeps no step checkpoints)")
     if not isinstance(average, int) or average < 0:
         raise ValueError(f"checkpoint.average_last={average} must be a whole number >= 0 (0 or 1: no averaging)")
-    if average > keep:
+    if average > max(keep, 1):
         raise ValueError(
             f"checkpoint.average_last={average} needs that many kept checkpoints; set checkpoint.keep_last>={average}"
         )
-
-
-def average_run(trainer: pl.Trainer, run_dir: Path, last_n: int) -> Path | None:
-    """Average the newest ``last_n`` step checkpoints into ``checkpoints/averaged.ckpt``.
-
-    Returns None when fewer than two exist (averaging one checkpoint would only copy it).
-    """
-    newest = step_checkpoints(run_dir)[-last_n:] if last_n >= 2 else []
-    if len(newest) < 2:
-        return None
-    target = run_dir / "checkpoints" / "averaged.ckpt"
-    if trainer.is_global_zero:
-        save_checkpoint(average_checkpoints(newest), target)
-    trainer.strategy.barrier("averaged checkpoint written")
-    return target
 
 
 def score_hypotheses(hypotheses: dict[int, str], references: list[str], output: Path) -> dict[str, Any]:

@@ -44,11 +44,11 @@ class Translator:
         model, tokenizer, _ = load_model(path, device)
         return cls(model, tokenizer, **options)
 
-    def translate(self, lines: Sequence[str]) -> list[str]:
-        """Translations of ``lines``, in the same order."""
+    def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
+        """Translations of ``lines``, in the same order; errors number lines from ``first_line``."""
         ids = self.tokenizer.encode([line.strip() for line in lines])
         limit = self.model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
-        for number, row in enumerate(ids, start=1):
+        for number, row in enumerate(ids, start=first_line):
             if len(row) > limit:
                 raise ValueError(f"line {number} has {len(row)} tokens; this model reads at most {limit}")
         order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: len(ids[i]), reverse=True)
@@ -73,8 +73,10 @@ class Translator:
         if block < 1:
             raise ValueError(f"block={block}: translate at least 1 line at a time")
         iterator = iter(lines)
+        first_line = 1
         while chunk := list(islice(iterator, block)):
-            yield self.translate(chunk)
+            yield self.translate(chunk, first_line)
+            first_line += len(chunk)
 
     def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
         batch: list[int] = []

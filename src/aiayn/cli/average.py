@@ -40,9 +40,13 @@ def main(argv: list[str] | None = None) -> None:
             output = args.output or paths[-1].parent / f"averaged-last{args.last}.ckpt"
         else:
             paths = args.inputs
+            if len(paths) == 1 and not paths[0].exists():
+                raise CheckpointError(f"{paths[0]} does not exist; give a run folder or checkpoint files")
             if args.output is None:
                 raise CheckpointError("with checkpoint files as inputs, --output is required")
             output = args.output
+        if any(output.resolve() == path.resolve() for path in paths):
+            raise CheckpointError(f"--output {output} is one of the inputs; write the average to a new file")
         save_checkpoint(average_checkpoints(paths), output)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}")
 

@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.checkpoints import load_model
-from aiayn.cli.common import reported_as_usage_errors, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, required_checkpoint, resolve_device
 from aiayn.config import config_dir
 from aiayn.data.corpus import read_parallel
 from aiayn.scoring import corpus_scores
@@ -46,7 +46,7 @@ def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
 @hydra.main(config_path=config_dir(), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-eval"):
-        checkpoint = Path(cfg.checkpoint)
+        checkpoint = required_checkpoint(cfg.checkpoint)
         if cfg.tokenized_bleu not in ("auto", True, False):
             raise ValueError(f"tokenized_bleu={cfg.tokenized_bleu} must be auto, true or false")
         model, tokenizer, run_config = load_model(checkpoint, resolve_device(cfg.device))

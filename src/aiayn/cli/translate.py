@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import sys
 from contextlib import ExitStack
-from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.cli.common import reported_as_usage_errors, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, required_checkpoint, resolve_device
 from aiayn.config import config_dir
 from aiayn.translator import Translator
 
@@ -20,7 +19,7 @@ def main(cfg: DictConfig) -> None:
         if cfg.buffer_lines < 1:
             raise ValueError(f"buffer_lines={cfg.buffer_lines} must be >= 1")
         translator = Translator.from_checkpoint(
-            Path(cfg.checkpoint),
+            required_checkpoint(cfg.checkpoint),
             resolve_device(cfg.device),
             beam_size=cfg.decoding.beam_size,
             alpha=cfg.decoding.alpha,
@@ -28,7 +27,8 @@ def main(cfg: DictConfig) -> None:
             max_tokens=cfg.max_tokens,
         )
         if cfg.input:
-            source = files.enter_context(open(cfg.input, encoding="utf-8"))
+            # newline="\n": a stray carriage return inside a line must not split it (stdin agrees)
+            source = files.enter_context(open(cfg.input, encoding="utf-8", newline="\n"))
         else:
             sys.stdin.reconfigure(encoding="utf-8")
             source = sys.stdin

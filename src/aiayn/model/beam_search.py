@@ -14,6 +14,7 @@ could still reach. Finished sentences leave the batch, and the search ends when 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,8 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size={beam_size} must be at least 1")
+    if not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"alpha={alpha} must be a finite number >= 0")
     if beam_size == 1:
         alpha = 0.0  # with α = 0 the first EOS that is the arg-max can no longer be beaten: greedy
     pad_id, k = model.cfg.pad_id, beam_size
