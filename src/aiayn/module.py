@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from aiayn.model import Transformer, TransformerConfig, translate_ids
+from aiayn.model.decoding import check_decoding
 from aiayn.schedule import NoamSchedule
 from aiayn.scoring import BLEU_SETTINGS
 
@@ -131,13 +131,3 @@ class TranslationModule(pl.LightningModule):
         schedule = NoamSchedule(self.model.cfg.d_model, hp.warmup, hp.lr_scale)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def check_decoding(beam_size: int, alpha: float, max_len_offset: int) -> None:
-    """Fail before any work on decoding options that beam search cannot use."""
-    if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"decoding.beam_size={beam_size} must be a whole number >= 1 (1 is greedy decoding)")
-    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"decoding.alpha={alpha} must be a number >= 0 (0: no length penalty; the paper uses 0.6)")
-    if not isinstance(max_len_offset, int) or max_len_offset < 0:
-        raise ValueError(f"decoding.max_len_offset={max_len_offset} must be a whole number >= 0 (the paper uses 50)")

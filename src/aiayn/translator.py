@@ -11,7 +11,7 @@ import torch
 from aiayn.checkpoints import load_model
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.model import Transformer, translate_ids
-from aiayn.module import check_decoding
+from aiayn.model.decoding import check_decoding
 
 
 class Translator:
