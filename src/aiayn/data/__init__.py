@@ -1,8 +1,26 @@
-"""Corpora, the joint BPE tokenizer, encoded-split caches and the token-budget batch sampler."""
+"""Corpora, the joint BPE tokenizer, encoded-split caches and the token-budget batch sampler.
+
+The data module is imported on first use: it pulls in Lightning, which tools that only need the
+tokenizer (``aiayn-translate``) should not wait for.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from aiayn.data.corpus import DataError
-from aiayn.data.datamodule import Multi30kDataModule
 from aiayn.data.sampler import TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from aiayn.data.datamodule import Multi30kDataModule
+
 __all__ = ["DataError", "Multi30kDataModule", "TokenBudgetBatchSampler", "Tokenizer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Multi30kDataModule":
+        from aiayn.data.datamodule import Multi30kDataModule
+
+        return Multi30kDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
