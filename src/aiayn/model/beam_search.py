@@ -120,11 +120,8 @@ def beam_search(
         # The best k extensions that do not end stay live.
         scores, live_pos = cand_scores.masked_fill(ends, float("-inf")).topk(k, dim=1)  # (n, k)
         beam, token = cand_beam.gather(1, live_pos), cand_token.gather(1, live_pos)
-        # A live beam may still end at any length from step + 2 to max_len + 1; lp is monotone in length.
-        longest_end = (max_len[active] + 1).float()
-        largest_penalty = torch.maximum(
-            length_penalty(longest_end, alpha), length_penalty(torch.full_like(longest_end, step + 2), alpha)
-        )
+        # A live beam may still end at any length up to max_len + 1, and lp grows with length (α >= 0).
+        largest_penalty = length_penalty((max_len[active] + 1).float(), alpha)
         done = best_score[active] >= scores[:, 0] / largest_penalty
 
         rows = (torch.arange(n, device=device)[:, None] * k + beam).view(-1)  # new beam → old row
