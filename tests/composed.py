@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
 
 from aiayn.config import config_dir
 
@@ -12,3 +13,13 @@ def compose_config(config_name: str = "train", overrides: list[str] | None = Non
     """Compose a config of conf/ exactly as the console scripts do (Hydra's compose API)."""
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         return compose(config_name=config_name, overrides=overrides or [], return_hydra_config=True)
+
+
+def compose_run_config(overrides: list[str] | None = None) -> DictConfig:
+    """The training config as ``aiayn-train``'s job sees it: Hydra's runtime state set, so that
+    ``${hydra:...}`` interpolations resolve, and the ``hydra`` node itself removed."""
+    cfg = compose_config("train", overrides)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg

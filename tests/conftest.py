@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,29 @@ def multi30k_root() -> Path:
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("aiayn-cache")
+
+
+@pytest.fixture
+def wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """W&B as for a user without an account: offline, with its caches in a temporary folder, and
+    without what only slows tests down (console capture, system metrics, git and code snapshots)."""
+    home = tmp_path_factory.mktemp("wandb-home")
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL", "WANDB_PROJECT", "WANDB_ENTITY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(home / "netrc"))  # no credentials
+    for name, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONSOLE": "off",
+        "WANDB_DISABLE_GIT": "true",
+        "WANDB_DISABLE_CODE": "true",
+        "WANDB__DISABLE_STATS": "true",
+        "WANDB_CACHE_DIR": str(home / "cache"),
+        "WANDB_DATA_DIR": str(home / "data"),
+        "WANDB_CONFIG_DIR": str(home / "config"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    yield
+    import wandb
+
+    wandb.teardown()  # W&B caches its settings per process; the next test may want others

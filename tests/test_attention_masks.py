@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from aiayn.model import Transformer, TransformerConfig
+from aiayn.model import MultiHeadAttention, Transformer, TransformerConfig
+from aiayn.model.attention import attention_weights
 
 PAD = 0
 
@@ -68,3 +69,30 @@ def test_padding_of_one_sentence_does_not_change_another() -> None:
         together = model(batch, tgt)
         alone = model(short, tgt[:1])
     torch.testing.assert_close(together[:1], alone, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_recomputed_attention_weights_are_the_ones_sdpa_applies(causal: bool) -> None:
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 4)
+    allowed = None if causal else torch.tensor([[True] * 5, [True, True, True, False, False]])[:, None, None, :]
+    weights = attention_weights(q, k, allowed, causal)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed, is_causal=causal)
+    torch.testing.assert_close(weights @ v, expected)
+
+
+def test_attention_maps_cover_every_layer_and_head_and_respect_the_masks() -> None:
+    model = make_model("sinusoidal", False).train()
+    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, PAD, PAD]])
+    tgt_in = torch.tensor([[2, 11, 12, 13], [2, 14, PAD, PAD]])
+    maps = model.attention_maps(src, tgt_in)
+    assert model.training  # the mode it was in comes back
+    assert all(m.recorded is None for m in model.modules() if isinstance(m, MultiHeadAttention))
+    assert maps["encoder_self"].shape == (2, 2, 4, 5, 5)  # layers, batch, heads, queries, keys
+    assert maps["decoder_self"].shape == (2, 2, 4, 4, 4)
+    assert maps["cross"].shape == (2, 2, 4, 4, 5)
+    for weights in maps.values():
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    assert maps["decoder_self"].triu(diagonal=1).abs().max() == 0  # nothing from later positions
+    assert maps["encoder_self"][:, 1, :, :, 3:].abs().max() == 0  # nor from source padding
+    assert maps["cross"][:, 1, :, :, 3:].abs().max() == 0

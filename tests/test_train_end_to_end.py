@@ -13,7 +13,7 @@ import torch
 from aiayn.data.corpus import read_lines
 from aiayn.schedule import NoamSchedule
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("wandb_offline")]
 
 
 def run_train(run_dir: Path, multi30k_root: Path, cache_dir: Path, *overrides: str) -> dict:
@@ -22,7 +22,7 @@ def run_train(run_dir: Path, multi30k_root: Path, cache_dir: Path, *overrides: s
         f"data.root={multi30k_root}",
         f"data.cache_dir={cache_dir}",
         f"hydra.run.dir={run_dir}",
-        "trainer.enable_progress_bar=false",
+        "progress=quiet",
         *overrides,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)

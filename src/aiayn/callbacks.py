@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
 import pytorch_lightning as pl
 
 from aiayn.checkpoints import RUN_KEY
+from aiayn.hardware import device_name, peak_flops
+from aiayn.model import batch_training_flops
+
+log = logging.getLogger(__name__)
 
 
 class TokenThroughput(pl.Callback):
-    """Logs ``train/tokens_per_s``: real (non-padding) source + target tokens per second of training.
+    """Logs ``train/tokens_per_s``, real (non-padding) source + target tokens per second of training, and
+    ``train/mfu``, model-FLOPs utilisation of the device, when its peak FLOP/s are known.
 
     Time spent in validation is excluded; data loading between steps is included, since a user waits
-    for it. ``tokens`` and ``seconds`` accumulate over the run for its summary.
+    for it. ``tokens`` and ``seconds`` accumulate over the run for its summary. ``peak_tflops``
+    overrides the peak looked up from the device name (:data:`aiayn.hardware.PEAK_TFLOPS`).
     """
 
-    def __init__(self, pad_id: int = 0) -> None:
+    def __init__(self, pad_id: int = 0, peak_tflops: float | None = None) -> None:
         self.pad_id = pad_id
+        self.peak_tflops = peak_tflops
+        self.peak: float | None = None
         self.tokens = 0
         self.seconds = 0.0
         self._window_tokens = 0
+        self._window_flops = 0.0
         self._window_seconds = 0.0
         self._last: float | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        name = device_name(trainer.strategy.root_device)
+        self.peak = peak_flops(name, str(trainer.precision), self.peak_tflops)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = time.perf_counter()
@@ -38,16 +52,23 @@ class TokenThroughput(pl.Callback):
         if self._last is None:
             self._last = now
             return
-        tokens = int(batch["src"].ne(self.pad_id).sum()) + int(batch["tgt_out"].ne(self.pad_id).sum())
+        src_lengths = batch["src"].ne(self.pad_id).sum(dim=1)
+        tgt_lengths = batch["tgt_out"].ne(self.pad_id).sum(dim=1)
+        tokens = int(src_lengths.sum()) + int(tgt_lengths.sum())
         elapsed = now - self._last
         self._last = now
         self.tokens += tokens
         self.seconds += elapsed
         self._window_tokens += tokens
         self._window_seconds += elapsed
+        if self.peak is not None:
+            self._window_flops += batch_training_flops(pl_module.model.cfg, src_lengths, tgt_lengths)
         if trainer.global_step % trainer.log_every_n_steps == 0 and self._window_seconds > 0:
-            pl_module.log("train/tokens_per_s", self._window_tokens / self._window_seconds, batch_size=1)
-            self._window_tokens, self._window_seconds = 0, 0.0
+            per_s = self._window_tokens / self._window_seconds
+            pl_module.log("train/tokens_per_s", per_s, batch_size=1, prog_bar=True)
+            if self.peak is not None:
+                pl_module.log("train/mfu", self._window_flops / self._window_seconds / self.peak, batch_size=1)
+            self._window_tokens, self._window_flops, self._window_seconds = 0, 0.0, 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,3 +92,17 @@ class SelfContainedCheckpoints(pl.Callback):
         if self._tokenizer is None:
             self._tokenizer = trainer.datamodule.tokenizer.to_bytes()
         checkpoint[RUN_KEY] = {"config": self.config, "tokenizer": self._tokenizer}
+
+
+class ValidationReport(pl.Callback):
+    """One log line per validation (step, loss, perplexity, BLEU, tokens/s): the quiet mode's progress,
+    readable in CI logs where progress bars are noise."""
+
+    KEYS = ("val/loss", "val/ppl", "val/bleu", "train/tokens_per_s")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        metrics = trainer.callback_metrics
+        values = ", ".join(f"{key} {float(metrics[key]):.4g}" for key in self.KEYS if key in metrics)
+        log.info("step %d: %s", trainer.global_step, values)

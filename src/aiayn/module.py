@@ -44,7 +44,8 @@ class TranslationModule(pl.LightningModule):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"optim.label_smoothing={label_smoothing} must lie in [0, 1)")
         check_decoding(beam_size, alpha, max_len_offset)
-        self.save_hyperparameters()
+        # The loggers get the whole composed config from the run (aiayn.loggers), not these arguments.
+        self.save_hyperparameters(logger=False)
         self.model = Transformer(TransformerConfig(**model))
         self.pad_id = self.model.cfg.pad_id
         stages = ("val", "test")
@@ -77,6 +78,11 @@ class TranslationModule(pl.LightningModule):
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=n_tokens)
         return loss
 
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # The global L2 norm of the (unscaled) gradients, before any clipping: spikes warn of divergence.
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), batch_size=1)
+
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])
@@ -98,7 +104,7 @@ class TranslationModule(pl.LightningModule):
         self.log(f"{stage}/loss", self.smoothed[stage].compute())
         self.log(f"{stage}/nll", nll)
         self.log(f"{stage}/ppl", torch.exp(nll))
-        self.log(f"{stage}/bleu", 100 * self.bleu[stage].compute())
+        self.log(f"{stage}/bleu", 100 * self.bleu[stage].compute(), prog_bar=True)
         for metric in (self.nll[stage], self.smoothed[stage], self.bleu[stage]):
             metric.reset()
 

@@ -4,27 +4,45 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
 
-from aiayn.callbacks import SelfContainedCheckpoints, TokenThroughput
+from aiayn.callbacks import SelfContainedCheckpoints, TokenThroughput, ValidationReport
 from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.config import module_kwargs
+from aiayn.dashboard import ValidationSamples
 from aiayn.data.tokenizer import PAD_ID
+from aiayn.loggers import build_loggers, finish_loggers, log_run_config, run_identity
 from aiayn.model import count_parameters
 from aiayn.module import TranslationModule
 from aiayn.scoring import corpus_scores
 
+PROGRESS_STYLES = ("rich", "tqdm", "quiet")  # quiet: no bar, one log line per validation (CI logs)
 
-def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) -> dict[str, Any]:
-    """Train as ``cfg`` says, writing checkpoints, metrics and ``results.json`` into ``run_dir``."""
+
+def train(
+    cfg: DictConfig,
+    run_dir: Path,
+    overrides: Sequence[str] = (),
+    sweep: str | None = None,
+    callbacks: Sequence[pl.Callback] = (),
+) -> dict[str, Any]:
+    """Train as ``cfg`` says, writing checkpoints, metrics and ``results.json`` into ``run_dir``.
+
+    ``overrides`` (the command line's) and ``sweep`` (the multirun this run belongs to) name and group
+    the run on the dashboard; ``callbacks`` join the run's own. The loggers' runs are finished also when
+    training raises.
+    """
     start = time.perf_counter()
     check_checkpointing(cfg.checkpoint)
+    if cfg.progress not in PROGRESS_STYLES:
+        raise ValueError(f"progress={cfg.progress} is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -51,8 +69,9 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
         save_top_k=cfg.checkpoint.keep_last,
         auto_insert_metric_name=False,
     )
-    throughput = TokenThroughput(pad_id=PAD_ID)
-    loggers = [instantiate(logger, save_dir=str(run_dir)) for logger in cfg.logger.values()]
+    throughput = TokenThroughput(pad_id=PAD_ID, peak_tflops=cfg.peak_tflops)
+    display = {"rich": [RichProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
+    loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
     trainer = pl.Trainer(
         **OmegaConf.to_container(cfg.trainer, resolve=True),
         callbacks=[
@@ -61,11 +80,40 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
             periodic,
             throughput,
             SelfContainedCheckpoints(OmegaConf.to_container(cfg, resolve=True)),
+            ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_maps),
+            *display,
+            *callbacks,
         ],
-        logger=loggers or False,
+        logger=loggers,
         default_root_dir=str(run_dir),
+        enable_progress_bar=cfg.progress != "quiet",
+        enable_model_summary=cfg.progress != "quiet",
     )
+    results = None
+    try:
+        log_run_config(loggers, cfg, overrides, trainer, module.model)
+        results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput)
+        results["wall_s"] = time.perf_counter() - start
+        results["overrides"] = list(overrides)
+        if trainer.is_global_zero:
+            (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    finally:
+        finish_loggers(loggers, failed=results is None, summary=results)
+    return results
+
+
+def fit_and_test(
+    cfg: DictConfig,
+    run_dir: Path,
+    trainer: pl.Trainer,
+    module: TranslationModule,
+    datamodule: pl.LightningDataModule,
+    checkpoint: ModelCheckpoint,
+    throughput: TokenThroughput,
+) -> dict[str, Any]:
+    """Fit, then validate and test the best checkpoint and test the average of the newest ones."""
     trainer.fit(module, datamodule=datamodule)
+    checkpoint_dir = run_dir / "checkpoints"
     last = checkpoint_dir / "last.ckpt"
     trainer.save_checkpoint(last)  # the final state, also when training stopped between validations
 
@@ -93,7 +141,7 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
     }
     sources = step_checkpoints(run_dir)[-cfg.checkpoint.average_last :] if cfg.checkpoint.average_last >= 2 else []
     if len(sources) >= 2:  # averaging a single checkpoint would only copy it
-        averaged = run_dir / "checkpoints" / "averaged.ckpt"
+        averaged = checkpoint_dir / "averaged.ckpt"
         if trainer.is_global_zero:
             save_checkpoint(average_checkpoints(sources), averaged)
         trainer.strategy.barrier("averaged checkpoint written")
@@ -102,10 +150,6 @@ def train(cfg: DictConfig, run_dir: Path, overrides: list[str] | None = None) ->
         results["test_bleu_averaged"] = scores["sacrebleu"]
         results["test_chrf_averaged"] = scores["chrf"]
         results["averaged_checkpoints"] = [source.name for source in sources]
-    results["wall_s"] = time.perf_counter() - start
-    results["overrides"] = list(overrides or [])
-    if trainer.is_global_zero:
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 

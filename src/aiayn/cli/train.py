@@ -8,6 +8,7 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from aiayn.allocator import retain_freed_memory
@@ -22,7 +23,9 @@ def main(cfg: DictConfig) -> None:
     if not retain_freed_memory():
         log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
-    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task))
+    # The jobs of one multirun share its folder's name (its start time): their dashboard group.
+    sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
+    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task), sweep)
     print(json.dumps(results))
 
 

@@ -4,7 +4,7 @@ from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.beam_search import Hypothesis, beam_search, length_penalty
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, translate_ids
-from aiayn.model.flops import count_parameters, forward_flops, training_flops_per_token
+from aiayn.model.flops import batch_training_flops, count_parameters, forward_flops, training_flops_per_token
 from aiayn.model.transformer import Transformer
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "MultiHeadAttention",
     "Transformer",
     "TransformerConfig",
+    "batch_training_flops",
     "beam_search",
     "count_parameters",
     "forward_flops",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,6 +40,9 @@ class MultiHeadAttention(nn.Module):
             self.q_proj = nn.Linear(d_model, n_heads * d_k)
             self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
+        # While a list, each forward appends its attention weights (B, h, T, S): the fused SDPA kernels
+        # never materialise them, so they are recomputed, for inspection only (Transformer.attention_maps).
+        self.recorded: list[torch.Tensor] | None = None
 
     def _heads(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
         return x.unflatten(-1, (self.n_heads, head_dim)).transpose(1, 2)  # (B, h, T, head_dim)
@@ -88,6 +93,8 @@ class MultiHeadAttention(nn.Module):
             mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend
             if causal:
                 mask = mask & torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        if self.recorded is not None:
+            self.recorded.append(attention_weights(q, k, mask, causal))
         # softmax(Q K^T / sqrt(d_k)) V (§3.2.1); SDPA scales by 1/sqrt(d_k) of q's last dimension.
         out = F.scaled_dot_product_attention(
             q,
@@ -98,3 +105,16 @@ class MultiHeadAttention(nn.Module):
             is_causal=causal and mask is None,
         )  # (B, h, T, d_v)
         return self.out_proj(out.transpose(1, 2).flatten(-2))  # (B, T, d_model)
+
+
+def attention_weights(
+    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
+    """``softmax(Q K^T / sqrt(d_k))`` (B, h, T, S) under the masks SDPA is given: ``allowed`` (True = may
+    attend, broadcast to the scores) and, without it, ``causal``."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if allowed is None and causal:
+        allowed = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(dim=-1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from aiayn.model.config import TransformerConfig
@@ -12,8 +13,11 @@ def count_parameters(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-def forward_flops(cfg: TransformerConfig, src_len: int, tgt_len: int) -> int:
-    """Multiply-add FLOPs (2 per MAC) of one forward pass over a sentence pair.
+def forward_flops(
+    cfg: TransformerConfig, src_len: int | torch.Tensor, tgt_len: int | torch.Tensor
+) -> int | torch.Tensor:
+    """Multiply-add FLOPs (2 per MAC) of one forward pass over a sentence pair (or element-wise over
+    tensors of lengths).
 
     Counts every matrix product, including attention scores over all key positions (as the
     hardware computes them, also where the causal mask discards half).
@@ -38,3 +42,9 @@ def training_flops_per_token(cfg: TransformerConfig, seq_len: int = 32) -> float
     """Forward + backward FLOPs (3x forward) per token, source and target tokens both counted,
     for pairs of ``seq_len`` source and ``seq_len`` target tokens."""
     return 3 * forward_flops(cfg, seq_len, seq_len) / (2 * seq_len)
+
+
+def batch_training_flops(cfg: TransformerConfig, src_lengths: torch.Tensor, tgt_lengths: torch.Tensor) -> float:
+    """Forward + backward FLOPs (3x forward) of a batch, counting each pair at its real (unpadded)
+    lengths: the model FLOPs of model-FLOPs utilisation, which padding does not add to."""
+    return 3.0 * float(forward_flops(cfg, src_lengths.double(), tgt_lengths.double()).sum())

@@ -134,6 +134,28 @@ class Transformer(nn.Module):
         """An empty incremental-decoding state for :meth:`decode`."""
         return DecoderState(layers=[{} for _ in self.decoder])
 
+    @torch.no_grad()
+    def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Attention weights of one teacher-forced pass, each (n_layers, B, n_heads, queries, keys), for
+        ``encoder_self``, ``decoder_self`` and ``cross`` attention (§3.2.3), in eval mode (no dropout)."""
+        kinds = {
+            "encoder_self": [layer.self_attn for layer in self.encoder],
+            "decoder_self": [layer.self_attn for layer in self.decoder],
+            "cross": [layer.cross_attn for layer in self.decoder],
+        }
+        modules = [module for layers in kinds.values() for module in layers]
+        was_training = self.training
+        self.eval()
+        for module in modules:
+            module.recorded = []
+        try:
+            self(src, tgt_in)
+            return {kind: torch.stack([m.recorded[0] for m in layers]) for kind, layers in kinds.items()}
+        finally:
+            for module in modules:
+                module.recorded = None
+            self.train(was_training)
+
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         memory, src_padding = self.encode(src)
         return self.decode(tgt_in, memory, src_padding)

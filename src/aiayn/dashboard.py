@@ -1,0 +1,130 @@
+"""What each validation shows on the dashboards beyond scalars: sample translations and attention maps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+from PIL import Image, ImageDraw, ImageFont
+from pytorch_lightning.loggers import TensorBoardLogger, WandbLogger
+
+from aiayn.data.dataset import Collator
+from aiayn.model import translate_ids
+
+SAMPLE_COLUMNS = ["source", "reference", "hypothesis"]
+ATTENTION_MAX_TOKENS = 32  # the attention sentence: the first validation pair this short on both sides
+
+
+class ValidationSamples(pl.Callback):
+    """After each validation of a fit, on rank 0, logs to the W&B and TensorBoard loggers:
+
+    - ``val/samples``: a table of the first ``n_samples`` validation sentences (source, reference,
+      hypothesis), translated with the run's decoding settings;
+    - ``attention/<kind>/layer_<i>``: for one fixed validation pair, teacher-forced on its reference,
+      one heat map per head of encoder self-, decoder self- and encoder-decoder (``cross``) attention in
+      every layer, queries as rows and keys as columns, labelled with their subword pieces.
+
+    The same sentences at every validation let the dashboard's step slider show how they evolve.
+    """
+
+    def __init__(self, n_samples: int = 8, attention_maps: bool = True) -> None:
+        self.n_samples = n_samples
+        self.attention_maps = attention_maps
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        loggers = [logger for logger in trainer.loggers if isinstance(logger, (WandbLogger, TensorBoardLogger))]
+        if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_global_zero or not loggers:
+            return
+        datamodule = trainer.datamodule
+        tokenizer, dataset = datamodule.tokenizer, datamodule.datasets["val"]
+        collate = Collator(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, datamodule.references["val"])
+        # The step Lightning logs this validation's metrics at (optimizer steps before its last batch),
+        # so that the media sit at the same point of the dashboard's x-axis as val/bleu.
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        rows: list[list[str]] = []
+        if self.n_samples > 0:
+            batch = collate([dataset[i] for i in range(min(self.n_samples, len(dataset)))])
+            hp = pl_module.hparams
+            src = batch["src"].to(pl_module.device)
+            hypotheses = translate_ids(
+                pl_module.model, src, hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha, hp.max_len_offset
+            )
+            sources = tokenizer.decode([s for _, s, _ in (dataset[i] for i in batch["index"].tolist())])
+            rows = [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
+        images: dict[str, list[Image.Image]] = {}
+        if self.attention_maps and len(dataset):
+            pair = collate([dataset[attention_sentence(dataset)]])
+            maps = pl_module.model.attention_maps(pair["src"].to(pl_module.device), pair["tgt_in"].to(pl_module.device))
+            src_pieces, tgt_pieces = (pieces(tokenizer, pair[side][0].tolist()) for side in ("src", "tgt_in"))
+            axes = {"encoder_self": (src_pieces, src_pieces), "decoder_self": (tgt_pieces, tgt_pieces)}
+            axes["cross"] = (tgt_pieces, src_pieces)
+            for kind, weights in maps.items():
+                queries, keys = axes[kind]
+                for layer, heads in enumerate(weights[:, 0].float().cpu().numpy(), start=1):
+                    images[f"attention/{kind}/layer_{layer}"] = [attention_image(w, queries, keys) for w in heads]
+        for logger in loggers:
+            log_media(logger, rows, images, step)
+
+
+def attention_sentence(dataset: Any) -> int:
+    """Position of the fixed attention-map pair: the first short one, else the shortest."""
+    sizes = dataset.sizes()
+    short = np.flatnonzero(sizes <= ATTENTION_MAX_TOKENS)
+    return int(short[0]) if len(short) else int(np.argmin(sizes))
+
+
+def pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Subword pieces as labels; the default font lacks sentencepiece's word-start mark ▁, so _ stands in."""
+    return [tokenizer.sp.id_to_piece(i).replace("\u2581", "_") for i in ids]
+
+
+def log_media(
+    logger: WandbLogger | TensorBoardLogger, rows: list[list[str]], images: dict[str, list[Image.Image]], step: int
+) -> None:
+    """Sends the sample table and the attention images to one logger, all at ``step``."""
+    if isinstance(logger, WandbLogger):
+        import wandb
+
+        media: dict[str, Any] = {}
+        if rows:
+            media["val/samples"] = wandb.Table(columns=SAMPLE_COLUMNS, data=rows)
+        for key, heads in images.items():
+            media[key] = [wandb.Image(image, caption=f"head {h}") for h, image in enumerate(heads, start=1)]
+        if media:
+            logger.log_metrics(media, step=step)
+        return
+    writer = logger.experiment
+    if rows:
+        header = "| " + " | ".join(SAMPLE_COLUMNS) + " |\n|" + " --- |" * len(SAMPLE_COLUMNS) + "\n"
+        body = "".join("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |\n" for row in rows)
+        writer.add_text("val/samples", header + body, step)
+    for key, heads in images.items():
+        for h, image in enumerate(heads, start=1):
+            writer.add_image(f"{key}/head_{h}", np.asarray(image), step, dataformats="HWC")
+
+
+# White for no attention to dark blue for all of it: one hue, so darker always means more.
+_LOW, _HIGH = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
+
+
+def attention_image(weights: np.ndarray, queries: list[str], keys: list[str], cell: int = 14) -> Image.Image:
+    """A heat map of attention weights (queries × keys, each row summing to 1) with the query pieces on
+    the left and the key pieces, written upwards, on top."""
+    font = ImageFont.load_default(size=cell - 3)
+    left = int(max(font.getlength(piece) for piece in queries)) + 6
+    top = int(max(font.getlength(piece) for piece in keys)) + 6
+    colours = (_LOW + np.clip(weights, 0.0, 1.0)[..., None] * (_HIGH - _LOW)).astype(np.uint8)
+    heat = colours.repeat(cell, axis=0).repeat(cell, axis=1)
+    image = Image.new("RGB", (left + heat.shape[1], top + heat.shape[0]), "white")
+    image.paste(Image.fromarray(heat), (left, top))
+    draw = ImageDraw.Draw(image)
+    for row, piece in enumerate(queries):
+        draw.text((left - 3, top + row * cell + cell / 2), piece, fill="black", font=font, anchor="rm")
+    # The key labels are drawn as rows of a strip that is then turned a quarter to the left.
+    strip = Image.new("RGB", (top, heat.shape[1]), "white")
+    strip_draw = ImageDraw.Draw(strip)
+    for column, piece in enumerate(keys):
+        strip_draw.text((3, column * cell + cell / 2), piece, fill="black", font=font, anchor="lm")
+    image.paste(strip.rotate(90, expand=True), (left, 0))
+    return image

@@ -1,0 +1,201 @@
+"""The run's loggers: CSV always, plus the dashboard the ``logger`` config group picks (W&B by default).
+
+W&B runs online when the user is logged in and offline into the run folder otherwise, so a run without
+an account or a network records everything too; ``wandb sync`` uploads it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import netrc
+import os
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytorch_lightning as pl
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
+from pytorch_lightning.loggers.logger import rank_zero_experiment
+
+from aiayn.hardware import describe_hardware
+from aiayn.model import count_parameters
+
+log = logging.getLogger(__name__)
+
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
+# Overrides that say where a run reads, writes or prints, not what it trains: left out of run names.
+LOCATION_KEYS = ("data.root", "data.cache_dir", "data.num_workers", "hydra.", "logger", "progress", "dashboard.")
+
+
+def wandb_logged_in() -> bool:
+    """Whether W&B has credentials: ``WANDB_API_KEY``, or the netrc entry ``wandb login`` writes."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_mode(requested: str) -> str:
+    """``online``, ``offline`` or ``disabled``: ``auto`` follows ``WANDB_MODE``, else whether W&B has
+    credentials."""
+    if requested not in WANDB_MODES:
+        raise ValueError(f"logger.wandb.mode={requested} is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
+    if requested != "auto":
+        return requested
+    env = os.environ.get("WANDB_MODE", "").lower()
+    if env in ("online", "offline", "disabled"):
+        return env
+    if env == "dryrun":
+        return "offline"
+    return "online" if wandb_logged_in() else "offline"
+
+
+class WandbRunLogger(WandbLogger):
+    """Lightning's W&B logger that picks its mode (:func:`wandb_mode`), falls back to offline when an
+    online run cannot start (no network, a rejected key), and finishes its run explicitly."""
+
+    def __init__(
+        self,
+        save_dir: str,
+        project: str = "aiayn",
+        entity: str | None = None,
+        mode: str = "auto",
+        name: str | None = None,
+        group: str | None = None,
+        tags: Sequence[str] = (),
+        job_type: str = "train",
+        init_timeout: float = 90.0,
+    ) -> None:
+        import wandb
+
+        super().__init__(
+            name=name,
+            save_dir=save_dir,
+            project=project,
+            entity=entity,
+            group=group,
+            tags=list(tags),
+            job_type=job_type,
+            mode=wandb_mode(mode),
+            log_model=False,
+            settings=wandb.Settings(init_timeout=init_timeout),
+        )
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> Any:
+        if self._experiment is None and self._wandb_init["mode"] == "online":
+            import wandb
+
+            try:
+                return super().experiment
+            except wandb.errors.Error as error:
+                log.warning("W&B could not start an online run (%s); logging offline instead", error)
+                self._wandb_init["mode"] = "offline"
+        return super().experiment
+
+    def finish(self, failed: bool, summary: dict[str, Any] | None = None) -> None:
+        """Adds ``summary`` to the run's summary, ends the run (exit code 1 when ``failed``) and says
+        where it is, or how to upload it. Only rank 0 ever starts a run; elsewhere this does nothing."""
+        run = self._experiment
+        if run is None:
+            return
+        if summary:
+            run.summary.update(summary)
+        offline, sync_dir, url = run.settings._offline, run.settings.sync_dir, run.url
+        run.finish(exit_code=1 if failed else 0)
+        self._experiment = None
+        import wandb
+
+        # finish() can return before W&B's service has flushed the run's files; shutting the service
+        # down waits for it, so a job killed right after (a SLURM time limit) loses nothing.
+        wandb.teardown()
+        if offline:
+            log.info("W&B run saved offline; upload it with: wandb sync %s", sync_dir)
+        elif url:
+            log.info("W&B run: %s", url)
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """How a run is named and grouped on the dashboard."""
+
+    name: str
+    group: str
+
+
+def run_identity(experiment: str, overrides: Sequence[str], sweep: str | None = None) -> RunIdentity:
+    """Name a run after its experiment and the overrides that change what it trains; group it by
+    experiment, and by sweep for the jobs of one Hydra multirun, so a sweep's runs sit together."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in ("experiment", "name", "tags") or key.startswith(LOCATION_KEYS):
+            continue
+        kept.append(override)
+    name = " ".join([experiment, *kept])
+    return RunIdentity(name=name, group=f"{experiment}/{sweep}" if sweep else experiment)
+
+
+def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
+    """The CSV logger (``<run_dir>/csv/metrics.csv``) and the loggers of the ``logger`` config group."""
+    loggers: list[Logger] = [CSVLogger(str(run_dir), name="csv", version="")]
+    for key, spec in logger_cfg.items():
+        extra: dict[str, Any] = {"save_dir": str(run_dir)}
+        if key == "wandb":
+            extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
+        loggers.append(instantiate(spec, **extra))
+    return loggers
+
+
+def log_run_config(
+    loggers: Sequence[Logger], cfg: DictConfig, overrides: Sequence[str], trainer: pl.Trainer, model: Any
+) -> None:
+    """Gives every logger the resolved composed config, plus under ``aiayn``: the overrides, the code's
+    git commit and dirty flag, the parameter count, and the hardware and precision."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if META_KEY in config:
+        raise ValueError(f"the config key {META_KEY!r} is reserved for run metadata; rename it")
+    config[META_KEY] = {
+        "overrides": list(overrides),
+        "git": git_state(Path(__file__).resolve().parent),
+        "parameters": count_parameters(model),
+        "hardware": describe_hardware(trainer),
+    }
+    for logger in loggers:
+        logger.log_hyperparams(config)
+
+
+def git_state(path: Path) -> dict[str, Any]:
+    """The commit of the git checkout holding ``path`` and whether tracked files differ from it
+    (None for both outside a checkout, e.g. an installed wheel)."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=30)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"commit": None, "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.TimeoutExpired):
+        return {"commit": None, "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
+
+
+def finish_loggers(loggers: Sequence[Logger], failed: bool, summary: dict[str, Any] | None = None) -> None:
+    """Writes ``summary`` (the run's results) to the W&B runs and finishes them; CSV files are flushed."""
+    for logger in loggers:
+        if isinstance(logger, WandbRunLogger):
+            logger.finish(failed, summary)
+        else:
+            logger.finalize("failed" if failed else "success")
