@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import struct
 import subprocess
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from tensorboardX.proto import event_pb2
 
 from aiayn.dashboard import attention_image
 from aiayn.data.corpus import read_lines
@@ -90,6 +92,35 @@ def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
                 for name in row[f"{key}/filenames"]:
                     assert Image.open(run.folder / "files" / name).size == (row[f"{key}/width"], row[f"{key}/height"])
     assert len(run.media("images")) == 2 * len(KINDS) * 2 * 4  # validations × kinds × layers × heads
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("wandb_offline")
+def test_logger_tensorboard_gets_the_metrics_samples_and_attention_images(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    overrides = tiny_run(multi30k_root, cache_dir, "logger=tensorboard", "trainer.max_steps=6")
+    train(compose_run_config(overrides), tmp_path, overrides)
+    tags = tensorboard_tags(tmp_path / "tensorboard")
+    assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/bleu", "val/ppl"} <= tags
+    assert "val/samples/text_summary" in tags
+    heads = {f"attention/{kind}/layer_{layer}/head_{h}" for kind in KINDS for layer in (1, 2) for h in (1, 2, 3, 4)}
+    assert heads <= tags
+    assert not (tmp_path / "wandb").exists() and (tmp_path / "csv" / "metrics.csv").is_file()
+
+
+def tensorboard_tags(folder: Path) -> set[str]:
+    """Tags of every summary in the TFRecord event files under ``folder``."""
+    tags: set[str] = set()
+    for path in folder.rglob("events.out.tfevents.*"):
+        data, pos = path.read_bytes(), 0
+        while pos < len(data):
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event()
+            event.ParseFromString(data[pos + 12 : pos + 12 + length])  # after length and its CRC
+            tags.update(value.tag for value in event.summary.value)
+            pos += 12 + length + 4  # and the data's CRC
+    return tags
 
 
 class FailAtStep(pl.Callback):

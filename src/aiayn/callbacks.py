@@ -7,12 +7,14 @@ import time
 from typing import Any
 
 import pytorch_lightning as pl
+from pytorch_lightning.callbacks import RichProgressBar
 
 from aiayn.checkpoints import RUN_KEY
 from aiayn.hardware import device_name, peak_flops
 from aiayn.model import batch_training_flops
 
 log = logging.getLogger(__name__)
+PROGRESS_NAMES = {"train/loss": "loss", "train/tokens_per_s": "tok/s", "val/bleu": "BLEU"}
 
 
 class TokenThroughput(pl.Callback):
@@ -106,3 +108,12 @@ class ValidationReport(pl.Callback):
         metrics = trainer.callback_metrics
         values = ", ".join(f"{key} {float(metrics[key]):.4g}" for key in self.KEYS if key in metrics)
         log.info("step %d: %s", trainer.global_step, values)
+
+
+class RunProgressBar(RichProgressBar):
+    """Rich's progress bar showing the run's vital signs under short names: the training loss, tokens
+    per second and the latest validation BLEU."""
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        return {PROGRESS_NAMES.get(key, key): value for key, value in metrics.items() if key != "v_num"}

@@ -11,9 +11,9 @@ from typing import Any
 import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.callbacks import ModelCheckpoint, RichProgressBar
+from pytorch_lightning.callbacks import ModelCheckpoint
 
-from aiayn.callbacks import SelfContainedCheckpoints, TokenThroughput, ValidationReport
+from aiayn.callbacks import RunProgressBar, SelfContainedCheckpoints, TokenThroughput, ValidationReport
 from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.config import module_kwargs
 from aiayn.dashboard import ValidationSamples
@@ -70,7 +70,7 @@ def train(
         auto_insert_metric_name=False,
     )
     throughput = TokenThroughput(pad_id=PAD_ID, peak_tflops=cfg.peak_tflops)
-    display = {"rich": [RichProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
+    display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
     trainer = pl.Trainer(
         **OmegaConf.to_container(cfg.trainer, resolve=True),
