@@ -39,6 +39,8 @@ def test_batches_are_teacher_forcing_pairs(multi30k_root: Path, cache_dir: Path)
     assert (tgt_in[:, 0] == tok.bos_id).all()
     torch.testing.assert_close(tgt_in[:, 1:], tgt_out[:, :-1].masked_fill(tgt_out[:, :-1] == tok.eos_id, 0))
     assert (src.eq(tok.eos_id).sum(1) == 1).all() and (tgt_out.eq(tok.eos_id).sum(1) == 1).all()
+    real = torch.stack([src.ne(tok.pad_id).sum(1), tgt_out.ne(tok.pad_id).sum(1)], dim=1)
+    assert batch["lengths"].tolist() == real.tolist()  # the real token counts, on the CPU
     first = batch["index"][0].item()
     ids = tgt_out[0][tgt_out[0] > tok.eos_id].tolist()
     assert tok.decode([ids])[0] == dm.references["val"][first] == batch["references"][0]

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import RichProgressBar
 
 from aiayn.checkpoints import RUN_KEY
@@ -26,8 +27,7 @@ class TokenThroughput(pl.Callback):
     overrides the peak looked up from the device name (:data:`aiayn.hardware.PEAK_TFLOPS`).
     """
 
-    def __init__(self, pad_id: int = 0, peak_tflops: float | None = None) -> None:
-        self.pad_id = pad_id
+    def __init__(self, peak_tflops: float | None = None) -> None:
         self.peak_tflops = peak_tflops
         self.peak: float | None = None
         self.tokens = 0
@@ -54,9 +54,8 @@ class TokenThroughput(pl.Callback):
         if self._last is None:
             self._last = now
             return
-        src_lengths = batch["src"].ne(self.pad_id).sum(dim=1)
-        tgt_lengths = batch["tgt_out"].ne(self.pad_id).sum(dim=1)
-        tokens = int(src_lengths.sum()) + int(tgt_lengths.sum())
+        lengths = torch.from_numpy(batch["lengths"])  # on the CPU: no wait for the device
+        tokens = int(lengths.sum())
         elapsed = now - self._last
         self._last = now
         self.tokens += tokens
@@ -64,7 +63,7 @@ class TokenThroughput(pl.Callback):
         self._window_tokens += tokens
         self._window_seconds += elapsed
         if self.peak is not None:
-            self._window_flops += batch_training_flops(pl_module.model.cfg, src_lengths, tgt_lengths)
+            self._window_flops += batch_training_flops(pl_module.model.cfg, lengths[:, 0], lengths[:, 1])
         if trainer.global_step % trainer.log_every_n_steps == 0 and self._window_seconds > 0:
             per_s = self._window_tokens / self._window_seconds
             pl_module.log("train/tokens_per_s", per_s, batch_size=1, prog_bar=True)

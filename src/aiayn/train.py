@@ -17,7 +17,6 @@ from aiayn.callbacks import RunProgressBar, SelfContainedCheckpoints, TokenThrou
 from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.config import module_kwargs
 from aiayn.dashboard import ValidationSamples
-from aiayn.data.tokenizer import PAD_ID
 from aiayn.loggers import build_loggers, finish_loggers, log_run_config, run_identity
 from aiayn.model import count_parameters
 from aiayn.module import TranslationModule
@@ -69,7 +68,7 @@ def train(
         save_top_k=cfg.checkpoint.keep_last,
         auto_insert_metric_name=False,
     )
-    throughput = TokenThroughput(pad_id=PAD_ID, peak_tflops=cfg.peak_tflops)
+    throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
     trainer = pl.Trainer(
