@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn.config import config_dir
 
@@ -16,10 +16,15 @@ def compose_config(config_name: str = "train", overrides: list[str] | None = Non
 
 
 def compose_run_config(overrides: list[str] | None = None) -> DictConfig:
-    """The training config as ``aiayn-train``'s job sees it: Hydra's runtime state set, so that
-    ``${hydra:...}`` interpolations resolve, and the ``hydra`` node itself removed."""
+    """The training config as ``aiayn-train``'s job sees it, resolved: ``${hydra:...}`` interpolations
+    are filled in from Hydra's runtime state, which is then cleared again, and the ``hydra`` node is
+    removed."""
     cfg = compose_config("train", overrides)
     HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    try:
+        with open_dict(cfg):
+            del cfg["hydra"]
+        OmegaConf.resolve(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
     return cfg

@@ -23,7 +23,7 @@ from aiayn.hardware import peak_flops
 from aiayn.loggers import RunIdentity, WandbRunLogger, build_loggers, run_identity, wandb_mode
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
 from aiayn.train import train
-from composed import compose_config, compose_run_config
+from composed import compose_run_config
 from wandb_records import offline_runs
 
 KINDS = ("encoder_self", "decoder_self", "cross")
@@ -51,7 +51,8 @@ def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
     (run,) = offline_runs(tmp_path / "wandb")
     assert run.exit_code == 0
     # named by what changes the model, not by where data or output live or how the run reports
-    defining = [o for o in overrides if not o.startswith(("data.root", "data.cache_dir", "progress", "dashboard"))]
+    left_out = ("data.root", "data.cache_dir", "progress", "dashboard", "peak_tflops")
+    defining = [o for o in overrides if not o.startswith(left_out)]
     assert run.name == " ".join(["tiny_multi30k_en_de", *defining]) and "seed=3" in defining
     assert run.group == "tiny_multi30k_en_de" and run.tags == ["tiny", "multi30k_en_de", "cpu"]
 
@@ -161,7 +162,7 @@ def test_the_jobs_of_a_multirun_are_separate_wandb_runs_in_one_group(
     assert len(runs) == 2 and runs[0].run_id != runs[1].run_id
     assert [run.exit_code for run in runs] == [0, 0]
     assert [run.name.split()[-1] for run in runs] == ["seed=1", "seed=2"]
-    assert runs[0].group == runs[1].group == f"tiny_multi30k_en_de/{sweep_dir.name}"
+    assert runs[0].group == runs[1].group == f"multirun/{sweep_dir.name}"
     for job, run in zip(sorted(p for p in sweep_dir.iterdir() if p.is_dir()), runs, strict=True):
         assert run.folder.parent.parent == job  # each job's W&B run lives in that job's folder
         assert [row["trainer/global_step"] for row in run.rows_with("val/bleu")] == [5, 6]
@@ -187,19 +188,27 @@ def test_an_online_run_that_cannot_reach_wandb_falls_back_to_offline(
 def test_wandb_mode_follows_the_environment_and_the_credentials(
     tmp_path: Path, wandb_offline: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import wandb
+
+    def mode(requested: str = "auto") -> str:
+        wandb.teardown()  # W&B reads its settings once per process
+        return wandb_mode(requested)[0]
+
     monkeypatch.delenv("WANDB_MODE")
-    assert wandb_mode("auto") == "offline"  # no key, no netrc entry
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org:8443")
+    assert mode() == "offline"  # no key, no netrc entry
     netrc = tmp_path / "netrc"
-    netrc.write_text("machine api.wandb.ai\n  login user\n  password " + "1" * 40 + "\n")
-    netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
-    assert wandb_mode("auto") == "online"  # `wandb login` writes this entry
-    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
-    assert wandb_mode("auto") == "offline"  # ... for its own server only
+    for machine, expected in (("wandb.example.org", "offline"), ("wandb.example.org:8443", "online")):
+        netrc.write_text(f"machine {machine}\n  login user\n  password {'1' * 40}\n")
+        netrc.chmod(0o600)
+        assert mode() == expected, machine  # `wandb login` writes the entry for the host and port
+    netrc.unlink()
     monkeypatch.setenv("WANDB_API_KEY", "2" * 40)
-    assert wandb_mode("auto") == "online"
+    assert mode() == "online"
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert wandb_mode("auto") == "disabled" and wandb_mode("offline") == "offline"
+    assert mode() == "disabled" and mode("offline") == "offline"  # an explicit mode wins
+    assert wandb_mode("auto")[1] == "WANDB_MODE=disabled"
     with pytest.raises(ValueError, match=r"logger.wandb.mode=cloud is not a W&B mode; use one of auto, online"):
         wandb_mode("cloud")
 
@@ -207,8 +216,8 @@ def test_wandb_mode_follows_the_environment_and_the_credentials(
 def test_run_names_keep_what_changes_the_model_and_groups_follow_the_sweep() -> None:
     overrides = ["model=base", "data.root=/data", "+logger.wandb.entity=me", "hydra.verbose=true", "seed=2"]
     assert run_identity("base_wmt14", overrides) == RunIdentity("base_wmt14 model=base seed=2", "base_wmt14")
-    assert run_identity("table3_A", ["experiment=table3/A"], "2026-11-29_10-00-00") == RunIdentity(
-        "table3_A", "table3_A/2026-11-29_10-00-00"
+    assert run_identity("table3_A", ["experiment=table3/A", "peak_tflops=989"], "2026-11-29_10-00-00") == RunIdentity(
+        "table3_A", "multirun/2026-11-29_10-00-00"
     )
 
 
@@ -218,7 +227,7 @@ def test_run_names_keep_what_changes_the_model_and_groups_follow_the_sweep() -> 
 def test_every_logger_option_writes_csv_too(
     option: str, dashboard: type | None, tmp_path: Path, wandb_offline: None
 ) -> None:
-    cfg = compose_config("train", [f"logger={option}"])
+    cfg = compose_run_config([f"logger={option}"])
     loggers = build_loggers(cfg.logger, tmp_path, RunIdentity("run", "group"))
     assert [type(logger) for logger in loggers] == [CSVLogger, *([dashboard] if dashboard else [])]
     if option == "wandb":

@@ -36,6 +36,7 @@ class TokenThroughput(pl.Callback):
         self._window_flops = 0.0
         self._window_seconds = 0.0
         self._last: float | None = None
+        self._step = 0
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         name = device_name(trainer.strategy.root_device)
@@ -64,7 +65,12 @@ class TokenThroughput(pl.Callback):
         self._window_seconds += elapsed
         if self.peak is not None:
             self._window_flops += batch_training_flops(pl_module.model.cfg, lengths[:, 0], lengths[:, 1])
-        if trainer.global_step % trainer.log_every_n_steps == 0 and self._window_seconds > 0:
+        # Lightning sends step metrics to the loggers after an optimizer step that makes global_step a
+        # multiple of log_every_n_steps (never mid-accumulation): the window spans exactly those batches.
+        stepped = trainer.global_step != self._step
+        self._step = trainer.global_step
+        n = trainer.log_every_n_steps
+        if stepped and n and trainer.global_step % n == 0 and self._window_seconds > 0:
             per_s = self._window_tokens / self._window_seconds
             pl_module.log("train/tokens_per_s", per_s, batch_size=1, prog_bar=True)
             if self.peak is not None:

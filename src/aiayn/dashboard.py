@@ -23,19 +23,26 @@ class ValidationSamples(pl.Callback):
       hypothesis), translated with the run's decoding settings;
     - ``attention/<kind>/layer_<i>``: for one fixed validation pair, teacher-forced on its reference,
       one heat map per head of encoder self-, decoder self- and encoder-decoder (``cross``) attention in
-      every layer, queries as rows and keys as columns, labelled with their subword pieces.
+      every layer, queries as rows and keys as columns, labelled with their subword pieces; at the
+      first and then every ``attention_every``-th validation (0: never).
 
     The same sentences at every validation let the dashboard's step slider show how they evolve.
     """
 
-    def __init__(self, n_samples: int = 8, attention_maps: bool = True) -> None:
+    def __init__(self, n_samples: int = 8, attention_every: int = 1) -> None:
+        if n_samples < 0 or attention_every < 0:
+            raise ValueError(
+                f"dashboard.samples={n_samples} and dashboard.attention_every={attention_every} must be >= 0"
+            )
         self.n_samples = n_samples
-        self.attention_maps = attention_maps
+        self.attention_every = attention_every
+        self.validations = 0
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        loggers = [logger for logger in trainer.loggers if isinstance(logger, (WandbLogger, TensorBoardLogger))]
+        loggers = [logger for logger in trainer.loggers if takes_media(logger)]
         if trainer.sanity_checking or trainer.state.fn != "fit" or not trainer.is_global_zero or not loggers:
             return
+        self.validations += 1
         datamodule = trainer.datamodule
         tokenizer, dataset = datamodule.tokenizer, datamodule.datasets["val"]
         collate = Collator(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, datamodule.references["val"])
@@ -53,7 +60,7 @@ class ValidationSamples(pl.Callback):
             sources = tokenizer.decode([s for _, s, _ in (dataset[i] for i in batch["index"].tolist())])
             rows = [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
         images: dict[str, list[Image.Image]] = {}
-        if self.attention_maps and len(dataset):
+        if self.attention_every and (self.validations - 1) % self.attention_every == 0 and len(dataset):
             pair = collate([dataset[attention_sentence(dataset)]])
             maps = pl_module.model.attention_maps(pair["src"].to(pl_module.device), pair["tgt_in"].to(pl_module.device))
             src_pieces, tgt_pieces = (pieces(tokenizer, pair[side][0].tolist()) for side in ("src", "tgt_in"))
@@ -65,6 +72,13 @@ class ValidationSamples(pl.Callback):
                     images[f"attention/{kind}/layer_{layer}"] = [attention_image(w, queries, keys) for w in heads]
         for logger in loggers:
             log_media(logger, rows, images, step)
+
+
+def takes_media(logger: object) -> bool:
+    """Whether a logger shows tables and images: W&B (unless disabled) and TensorBoard."""
+    if isinstance(logger, WandbLogger):
+        return getattr(logger, "mode", "online") != "disabled"
+    return isinstance(logger, TensorBoardLogger)
 
 
 def attention_sentence(dataset: Any) -> int:

@@ -14,13 +14,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import urlsplit
 
 import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.hardware import describe_hardware
 from aiayn.model import count_parameters
@@ -29,39 +30,56 @@ log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
-# Overrides that say where a run reads, writes or prints, not what it trains: left out of run names.
-LOCATION_KEYS = ("data.root", "data.cache_dir", "data.num_workers", "hydra.", "logger", "progress", "dashboard.")
+# Overrides that say where a run reads and writes, or how it reports, not what it trains.
+NOT_IN_RUN_NAMES = (
+    "data.root", "data.cache_dir", "data.num_workers", "hydra.", "logger", "progress", "dashboard.", "peak_tflops",
+)  # fmt: skip
 
 
-def wandb_logged_in() -> bool:
-    """Whether W&B has credentials: ``WANDB_API_KEY``, or the netrc entry ``wandb login`` writes."""
+def wandb_credentials() -> str | None:
+    """Where W&B would find credentials for its server, or None: ``WANDB_API_KEY``, an identity token
+    file, W&B's settings, or the netrc entry ``wandb login`` writes for the server's host and port."""
+    import wandb
+
     if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+        return "WANDB_API_KEY"
+    if os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return "WANDB_IDENTITY_TOKEN_FILE"
+    settings = wandb.setup().settings  # the environment and W&B's settings files (`wandb login --host`)
+    if settings.api_key:
+        return "W&B settings"
+    path = os.environ.get("NETRC") or next(
+        (p for p in (Path("~/.netrc").expanduser(), Path("~/_netrc").expanduser()) if p.is_file()), None
+    )
+    if path is None:
+        return None
     try:
-        return netrc.netrc(os.environ.get("NETRC")).authenticators(host or "") is not None
+        entry = netrc.netrc(path).authenticators(urlsplit(settings.base_url).netloc)
     except (OSError, netrc.NetrcParseError):
-        return False
+        return None
+    return f"{path} for {settings.base_url}" if entry else None
 
 
-def wandb_mode(requested: str) -> str:
-    """``online``, ``offline`` or ``disabled``: ``auto`` follows ``WANDB_MODE``, else whether W&B has
-    credentials."""
+def wandb_mode(requested: str) -> tuple[str, str]:
+    """``online``, ``offline`` or ``disabled``, and why: ``auto`` follows ``WANDB_MODE``, else whether
+    W&B has credentials."""
     if requested not in WANDB_MODES:
         raise ValueError(f"logger.wandb.mode={requested} is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
     if requested != "auto":
-        return requested
+        return requested, f"logger.wandb.mode={requested}"
     env = os.environ.get("WANDB_MODE", "").lower()
-    if env in ("online", "offline", "disabled"):
-        return env
-    if env == "dryrun":
-        return "offline"
-    return "online" if wandb_logged_in() else "offline"
+    if env in ("online", "offline", "disabled", "dryrun"):
+        return ("offline" if env == "dryrun" else env), f"WANDB_MODE={env}"
+    found = wandb_credentials()
+    if found:
+        return "online", f"credentials from {found}"
+    return "offline", "not logged in to W&B (no WANDB_API_KEY, no `wandb login`)"
 
 
 class WandbRunLogger(WandbLogger):
     """Lightning's W&B logger that picks its mode (:func:`wandb_mode`), falls back to offline when an
-    online run cannot start (no network, a rejected key), and finishes its run explicitly."""
+    online run cannot start (no network, a rejected key) and to no W&B at all when no run can start,
+    and finishes its run explicitly (:meth:`finish`)."""
 
     def __init__(
         self,
@@ -77,6 +95,9 @@ class WandbRunLogger(WandbLogger):
     ) -> None:
         import wandb
 
+        resolved, reason = wandb_mode(mode)
+        if rank_zero_only.rank == 0:
+            log.info("W&B logs %s (%s)", resolved, reason)
         super().__init__(
             name=name,
             save_dir=save_dir,
@@ -85,22 +106,29 @@ class WandbRunLogger(WandbLogger):
             group=group,
             tags=list(tags),
             job_type=job_type,
-            mode=wandb_mode(mode),
+            mode=resolved,
             log_model=False,
             settings=wandb.Settings(init_timeout=init_timeout),
         )
 
     @property
+    def mode(self) -> str:
+        return self._wandb_init["mode"]
+
+    @property
     @rank_zero_experiment
     def experiment(self) -> Any:
-        if self._experiment is None and self._wandb_init["mode"] == "online":
-            import wandb
+        import wandb
 
+        while self._experiment is None and self.mode != "disabled":
             try:
                 return super().experiment
-            except wandb.errors.Error as error:
-                log.warning("W&B could not start an online run (%s); logging offline instead", error)
-                self._wandb_init["mode"] = "offline"
+            except Exception as error:  # whatever W&B raises, the metrics must not die with the dashboard
+                fallback = "offline" if self.mode == "online" else "disabled"
+                log.warning("W&B could not start an %s run (%s); logging %s instead", self.mode, error, fallback)
+                self._wandb_init["mode"] = fallback
+                if wandb.run is not None:
+                    wandb.run.finish(exit_code=1)
         return super().experiment
 
     def finish(self, failed: bool, summary: dict[str, Any] | None = None) -> None:
@@ -109,20 +137,27 @@ class WandbRunLogger(WandbLogger):
         run = self._experiment
         if run is None:
             return
-        if summary:
-            run.summary.update(summary)
-        offline, sync_dir, url = run.settings._offline, run.settings.sync_dir, run.url
-        run.finish(exit_code=1 if failed else 0)
-        self._experiment = None
         import wandb
 
-        # finish() can return before W&B's service has flushed the run's files; shutting the service
-        # down waits for it, so a job killed right after (a SLURM time limit) loses nothing.
-        wandb.teardown()
+        self._experiment = None
+        offline = self.mode == "offline"
+        try:
+            if summary:
+                run.summary.update(summary)
+        finally:
+            run.finish(exit_code=1 if failed else 0)
+            try:
+                # finish() can return before W&B's service has flushed the run's files; shutting the
+                # service down waits for it, so a job killed right after (a SLURM time limit) loses nothing.
+                wandb.teardown()
+            except SystemExit as error:  # teardown exits the process when the service failed; the run goes on
+                log.warning("W&B's service ended with status %s", error.code)
+        if self.mode == "disabled":
+            return
         if offline:
-            log.info("W&B run saved offline; upload it with: wandb sync %s", sync_dir)
-        elif url:
-            log.info("W&B run: %s", url)
+            log.info("W&B run saved offline; upload it with: wandb sync %s", run.settings.sync_dir)
+        else:
+            log.info("W&B run: %s", run.url)
 
 
 @dataclass(frozen=True)
@@ -135,15 +170,16 @@ class RunIdentity:
 
 def run_identity(experiment: str, overrides: Sequence[str], sweep: str | None = None) -> RunIdentity:
     """Name a run after its experiment and the overrides that change what it trains; group it by
-    experiment, and by sweep for the jobs of one Hydra multirun, so a sweep's runs sit together."""
+    experiment, and the jobs of one Hydra multirun by that multirun (``multirun/<start time>``), so a
+    sweep's runs sit together even when they sweep over experiments or models."""
     kept = []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if key in ("experiment", "name", "tags") or key.startswith(LOCATION_KEYS):
+        if key in ("experiment", "name", "tags") or key.startswith(NOT_IN_RUN_NAMES):
             continue
         kept.append(override)
     name = " ".join([experiment, *kept])
-    return RunIdentity(name=name, group=f"{experiment}/{sweep}" if sweep else experiment)
+    return RunIdentity(name=name, group=f"multirun/{sweep}" if sweep else experiment)
 
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
@@ -193,9 +229,13 @@ def git_state(path: Path) -> dict[str, Any]:
 
 
 def finish_loggers(loggers: Sequence[Logger], failed: bool, summary: dict[str, Any] | None = None) -> None:
-    """Writes ``summary`` (the run's results) to the W&B runs and finishes them; CSV files are flushed."""
+    """Writes ``summary`` (the run's results) to the W&B runs and finishes them; CSV files are flushed.
+    A logger that fails here is reported, not raised: it must not hide why the run failed."""
     for logger in loggers:
-        if isinstance(logger, WandbRunLogger):
-            logger.finish(failed, summary)
-        else:
-            logger.finalize("failed" if failed else "success")
+        try:
+            if isinstance(logger, WandbRunLogger):
+                logger.finish(failed, summary)
+            else:
+                logger.finalize("failed" if failed else "success")
+        except Exception:
+            log.exception("could not finish the %s logger", type(logger).__name__)

@@ -59,9 +59,16 @@ class TranslationModule(pl.LightningModule):
         self.test_hypotheses: dict[int, str] = {}  # dataset position → detokenized hypothesis
 
     # -- loss -------------------------------------------------------------------------------------
-    def loss(self, logits: torch.Tensor, target: torch.Tensor, smoothing: float) -> tuple[torch.Tensor, int]:
-        """Label-smoothed cross-entropy per real target token (§5.4); padding positions are ignored."""
-        n_tokens = int(target.ne(self.pad_id).sum())
+    def loss(
+        self, logits: torch.Tensor, target: torch.Tensor, smoothing: float, n_tokens: int | None = None
+    ) -> tuple[torch.Tensor, int]:
+        """Label-smoothed cross-entropy per real target token (§5.4); padding positions are ignored.
+
+        ``n_tokens``, the real target tokens, is counted from ``target`` unless given (counting on a
+        GPU makes the host wait for it).
+        """
+        if n_tokens is None:
+            n_tokens = int(target.ne(self.pad_id).sum())
         total = F.cross_entropy(
             logits.flatten(0, 1).float(),
             target.flatten(),
@@ -73,7 +80,8 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         logits = self.model(batch["src"], batch["tgt_in"])
-        loss, n_tokens = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        n_tokens = int(batch["lengths"][:, 1].sum())  # the collator's count, on the CPU
+        loss, _ = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing, n_tokens)
         self.log("train/loss", loss, batch_size=n_tokens, prog_bar=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=n_tokens)
         return loss

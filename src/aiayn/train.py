@@ -71,22 +71,23 @@ def train(
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
+    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_kwargs.setdefault("enable_progress_bar", cfg.progress != "quiet")  # an explicit trainer.* wins
+    trainer_kwargs.setdefault("enable_model_summary", cfg.progress != "quiet")
     trainer = pl.Trainer(
-        **OmegaConf.to_container(cfg.trainer, resolve=True),
+        **trainer_kwargs,
         callbacks=[
             checkpoint,
             latest,
             periodic,
             throughput,
             SelfContainedCheckpoints(OmegaConf.to_container(cfg, resolve=True)),
-            ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_maps),
+            ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
             *display,
             *callbacks,
         ],
         logger=loggers,
         default_root_dir=str(run_dir),
-        enable_progress_bar=cfg.progress != "quiet",
-        enable_model_summary=cfg.progress != "quiet",
     )
     results = None
     try:
@@ -112,8 +113,7 @@ def fit_and_test(
 ) -> dict[str, Any]:
     """Fit, then validate and test the best checkpoint and test the average of the newest ones."""
     trainer.fit(module, datamodule=datamodule)
-    checkpoint_dir = run_dir / "checkpoints"
-    last = checkpoint_dir / "last.ckpt"
+    last = Path(checkpoint.dirpath) / "last.ckpt"
     trainer.save_checkpoint(last)  # the final state, also when training stopped between validations
 
     best = checkpoint.best_model_path or str(last)
@@ -140,7 +140,7 @@ def fit_and_test(
     }
     sources = step_checkpoints(run_dir)[-cfg.checkpoint.average_last :] if cfg.checkpoint.average_last >= 2 else []
     if len(sources) >= 2:  # averaging a single checkpoint would only copy it
-        averaged = checkpoint_dir / "averaged.ckpt"
+        averaged = Path(checkpoint.dirpath) / "averaged.ckpt"
         if trainer.is_global_zero:
             save_checkpoint(average_checkpoints(sources), averaged)
         trainer.strategy.barrier("averaged checkpoint written")
