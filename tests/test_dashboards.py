@@ -17,7 +17,7 @@ from PIL import Image
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from tensorboardX.proto import event_pb2
 
-from aiayn.dashboard import attention_image
+from aiayn.dashboard import ascii_label, attention_image
 from aiayn.data.corpus import read_lines
 from aiayn.hardware import peak_flops
 from aiayn.loggers import RunIdentity, WandbRunLogger, build_loggers, run_identity, wandb_mode
@@ -246,6 +246,8 @@ def test_attention_images_shade_each_cell_by_its_weight() -> None:
 
     assert cell(0, 1).tolist() == [255, 255, 255] and cell(0, 0).tolist() == [8, 48, 107]
     assert (cell(1, 1) < cell(1, 0)).all() and (cell(1, 0) < cell(0, 2)).all()  # darker means more
+    # without DejaVu Sans the labels fall back to ASCII, keeping what can be kept
+    assert [ascii_label(p) for p in ("\u2581Männer", "été", "日")] == ["_Manner", "ete", "?"]
 
 
 def test_mfu_counts_the_real_tokens_against_the_device_peak() -> None:

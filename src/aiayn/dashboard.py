@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import unicodedata
 from typing import Any
 
 import numpy as np
@@ -89,8 +91,23 @@ def attention_sentence(dataset: Any) -> int:
 
 
 def pieces(tokenizer: Any, ids: list[int]) -> list[str]:
-    """Subword pieces as labels; the default font lacks sentencepiece's word-start mark ▁, so _ stands in."""
-    return [tokenizer.sp.id_to_piece(i).replace("\u2581", "_") for i in ids]
+    return [tokenizer.sp.id_to_piece(i) for i in ids]
+
+
+@functools.cache
+def label_font(size: int) -> tuple[ImageFont.FreeTypeFont, bool]:
+    """DejaVu Sans where installed (it has accented letters and sentencepiece's ▁), else Pillow's own
+    font, which has ASCII only; and whether it is the former."""
+    try:
+        return ImageFont.truetype("DejaVuSans.ttf", size), True
+    except OSError:
+        return ImageFont.load_default(size=size), False
+
+
+def ascii_label(piece: str) -> str:
+    """A piece in ASCII: ▁ (word start) as _, accents dropped (ä → a), other letters as ?."""
+    folded = unicodedata.normalize("NFKD", piece.replace("\u2581", "_"))
+    return "".join(c if c.isascii() else "?" for c in folded if not unicodedata.combining(c))
 
 
 def log_media(
@@ -125,7 +142,9 @@ _LOW, _HIGH = np.array([255.0, 255.0, 255.0]), np.array([8.0, 48.0, 107.0])
 def attention_image(weights: np.ndarray, queries: list[str], keys: list[str], cell: int = 14) -> Image.Image:
     """A heat map of attention weights (queries × keys, each row summing to 1) with the query pieces on
     the left and the key pieces, written upwards, on top."""
-    font = ImageFont.load_default(size=cell - 3)
+    font, full = label_font(cell - 3)
+    if not full:
+        queries, keys = [ascii_label(p) for p in queries], [ascii_label(p) for p in keys]
     left = int(max(font.getlength(piece) for piece in queries)) + 6
     top = int(max(font.getlength(piece) for piece in keys)) + 6
     colours = (_LOW + np.clip(weights, 0.0, 1.0)[..., None] * (_HIGH - _LOW)).astype(np.uint8)
