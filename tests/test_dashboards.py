@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import struct
 import subprocess
 from pathlib import Path
@@ -22,7 +23,7 @@ from aiayn.data.corpus import read_lines
 from aiayn.hardware import peak_flops
 from aiayn.loggers import RunIdentity, WandbRunLogger, build_loggers, run_identity, wandb_mode
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
-from aiayn.train import train
+from aiayn.train import progress_style, train
 from composed import compose_run_config
 from wandb_records import offline_runs
 
@@ -260,3 +261,25 @@ def test_mfu_counts_the_real_tokens_against_the_device_peak() -> None:
     src, tgt = [5, 9, 30], [7, 12, 25]
     expected = 3 * sum(forward_flops(cfg, s, t) for s, t in zip(src, tgt, strict=True))
     assert batch_training_flops(cfg, torch.tensor(src), torch.tensor(tgt)) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("progress=loud", "progress=loud is not a progress display; use one of auto, rich, tqdm, quiet"),
+        ("dashboard.samples=-1", "dashboard.samples=-1 and dashboard.attention_every=1 must be >= 0"),
+        ("logger.wandb.mode=cloud", "logger.wandb.mode=cloud is not a W&B mode; use one of auto, online"),
+    ],
+)
+def test_bad_dashboard_options_fail_before_training(
+    override: str, message: str, tmp_path: Path, wandb_offline: None
+) -> None:
+    cfg = compose_run_config([override, "model=tiny", "data.vocab_size=1000", f"data.cache_dir={tmp_path}"])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        train(cfg, tmp_path / "run")
+    assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "run" / "wandb").exists()
+
+
+def test_progress_auto_is_quiet_when_the_output_is_not_a_terminal() -> None:
+    assert progress_style("auto") == "quiet"  # pytest captures stdout
+    assert progress_style("rich") == "rich"

@@ -46,34 +46,54 @@ class ValidationSamples(pl.Callback):
             return
         self.validations += 1
         datamodule = trainer.datamodule
-        tokenizer, dataset = datamodule.tokenizer, datamodule.datasets["val"]
+        tokenizer = datamodule.tokenizer
         collate = Collator(tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id, datamodule.references["val"])
+        rows = self.sample_rows(pl_module, datamodule.datasets["val"], collate, tokenizer)
+        images = {}
+        if self.attention_every and (self.validations - 1) % self.attention_every == 0:
+            images = self.attention_images(pl_module, datamodule.datasets["val"], collate, tokenizer)
         # The step Lightning logs this validation's metrics at (optimizer steps before its last batch),
         # so that the media sit at the same point of the dashboard's x-axis as val/bleu.
         step = trainer.fit_loop.epoch_loop._batches_that_stepped
-        rows: list[list[str]] = []
-        if self.n_samples > 0:
-            batch = collate([dataset[i] for i in range(min(self.n_samples, len(dataset)))])
-            hp = pl_module.hparams
-            src = batch["src"].to(pl_module.device)
-            hypotheses = translate_ids(
-                pl_module.model, src, hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha, hp.max_len_offset
-            )
-            sources = tokenizer.decode([s for _, s, _ in (dataset[i] for i in batch["index"].tolist())])
-            rows = [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
-        images: dict[str, list[Image.Image]] = {}
-        if self.attention_every and (self.validations - 1) % self.attention_every == 0 and len(dataset):
-            pair = collate([dataset[attention_sentence(dataset)]])
-            maps = pl_module.model.attention_maps(pair["src"].to(pl_module.device), pair["tgt_in"].to(pl_module.device))
-            src_pieces, tgt_pieces = (pieces(tokenizer, pair[side][0].tolist()) for side in ("src", "tgt_in"))
-            axes = {"encoder_self": (src_pieces, src_pieces), "decoder_self": (tgt_pieces, tgt_pieces)}
-            axes["cross"] = (tgt_pieces, src_pieces)
-            for kind, weights in maps.items():
-                queries, keys = axes[kind]
-                for layer, heads in enumerate(weights[:, 0].float().cpu().numpy(), start=1):
-                    images[f"attention/{kind}/layer_{layer}"] = [attention_image(w, queries, keys) for w in heads]
         for logger in loggers:
             log_media(logger, rows, images, step)
+
+    def sample_rows(
+        self, pl_module: pl.LightningModule, dataset: Any, collate: Collator, tokenizer: Any
+    ) -> list[list[str]]:
+        """Source, reference and hypothesis of the first ``n_samples`` validation pairs."""
+        items = [dataset[i] for i in range(min(self.n_samples, len(dataset)))]
+        if not items:
+            return []
+        batch = collate(items)
+        hp = pl_module.hparams
+        hypotheses = translate_ids(
+            pl_module.model, batch["src"].to(pl_module.device), hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha,
+            hp.max_len_offset,
+        )  # fmt: skip
+        sources = tokenizer.decode([src for _, src, _ in items])
+        return [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
+
+    def attention_images(
+        self, pl_module: pl.LightningModule, dataset: Any, collate: Collator, tokenizer: Any
+    ) -> dict[str, list[Image.Image]]:
+        """``attention/<kind>/layer_<i>`` → one heat map per head, for the fixed attention pair."""
+        if not len(dataset):
+            return {}
+        pair = collate([dataset[attention_sentence(dataset)]])
+        src, tgt_in = pair["src"].to(pl_module.device), pair["tgt_in"].to(pl_module.device)
+        src_pieces, tgt_pieces = (pieces(tokenizer, pair[side][0].tolist()) for side in ("src", "tgt_in"))
+        axes = {
+            "encoder_self": (src_pieces, src_pieces),
+            "decoder_self": (tgt_pieces, tgt_pieces),
+            "cross": (tgt_pieces, src_pieces),
+        }
+        images = {}
+        for kind, weights in pl_module.model.attention_maps(src, tgt_in).items():
+            queries, keys = axes[kind]
+            for layer, heads in enumerate(weights[:, 0].float().cpu().numpy(), start=1):
+                images[f"attention/{kind}/layer_{layer}"] = [attention_image(w, queries, keys) for w in heads]
+        return images
 
 
 def takes_media(logger: object) -> bool:

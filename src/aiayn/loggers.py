@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytorch_lightning as pl
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
@@ -95,7 +96,8 @@ class WandbRunLogger(WandbLogger):
     ) -> None:
         import wandb
 
-        resolved, reason = wandb_mode(mode)
+        # Ranks other than 0 never start a run (Lightning hands them a dummy), nor W&B's service.
+        resolved, reason = wandb_mode(mode) if rank_zero_only.rank == 0 else ("disabled", "not rank 0")
         if rank_zero_only.rank == 0:
             log.info("W&B logs %s (%s)", resolved, reason)
         super().__init__(
@@ -140,7 +142,6 @@ class WandbRunLogger(WandbLogger):
         import wandb
 
         self._experiment = None
-        offline = self.mode == "offline"
         try:
             if summary:
                 run.summary.update(summary)
@@ -152,11 +153,9 @@ class WandbRunLogger(WandbLogger):
                 wandb.teardown()
             except SystemExit as error:  # teardown exits the process when the service failed; the run goes on
                 log.warning("W&B's service ended with status %s", error.code)
-        if self.mode == "disabled":
-            return
-        if offline:
+        if self.mode == "offline":
             log.info("W&B run saved offline; upload it with: wandb sync %s", run.settings.sync_dir)
-        else:
+        elif self.mode == "online":
             log.info("W&B run: %s", run.url)
 
 
@@ -189,7 +188,12 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) 
         extra: dict[str, Any] = {"save_dir": str(run_dir)}
         if key == "wandb":
             extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
-        loggers.append(instantiate(spec, **extra))
+        try:
+            loggers.append(instantiate(spec, **extra))
+        except InstantiationException as error:
+            if isinstance(error.__cause__, ValueError):  # a bad option: its own one-line message says the fix
+                raise error.__cause__ from None
+            raise
     return loggers
 
 
@@ -198,6 +202,8 @@ def log_run_config(
 ) -> None:
     """Gives every logger the resolved composed config, plus under ``aiayn``: the overrides, the code's
     git commit and dirty flag, the parameter count, and the hardware and precision."""
+    if not trainer.is_global_zero:  # the other ranks' loggers drop it anyway
+        return
     config = OmegaConf.to_container(cfg, resolve=True)
     if META_KEY in config:
         raise ValueError(f"the config key {META_KEY!r} is reserved for run metadata; rename it")

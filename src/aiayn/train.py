@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +23,7 @@ from aiayn.model import count_parameters
 from aiayn.module import TranslationModule
 from aiayn.scoring import corpus_scores
 
-PROGRESS_STYLES = ("rich", "tqdm", "quiet")  # quiet: no bar, one log line per validation (CI logs)
+PROGRESS_STYLES = ("auto", "rich", "tqdm", "quiet")  # quiet: no bar, one log line per validation (CI logs)
 
 
 def train(
@@ -40,8 +41,7 @@ def train(
     """
     start = time.perf_counter()
     check_checkpointing(cfg.checkpoint)
-    if cfg.progress not in PROGRESS_STYLES:
-        raise ValueError(f"progress={cfg.progress} is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
+    progress = progress_style(cfg.progress)
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True)
     OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
@@ -69,11 +69,11 @@ def train(
         auto_insert_metric_name=False,
     )
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
-    display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[cfg.progress]
+    display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
     trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    trainer_kwargs.setdefault("enable_progress_bar", cfg.progress != "quiet")  # an explicit trainer.* wins
-    trainer_kwargs.setdefault("enable_model_summary", cfg.progress != "quiet")
+    trainer_kwargs.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
+    trainer_kwargs.setdefault("enable_model_summary", progress != "quiet")
     trainer = pl.Trainer(
         **trainer_kwargs,
         callbacks=[
@@ -150,6 +150,16 @@ def fit_and_test(
         results["test_chrf_averaged"] = scores["chrf"]
         results["averaged_checkpoints"] = [source.name for source in sources]
     return results
+
+
+def progress_style(requested: str) -> str:
+    """``rich``, ``tqdm`` or ``quiet``; ``auto`` is the rich bar on a terminal and quiet elsewhere (CI,
+    SLURM and nohup logs, where a bar would print nothing until its end, or a line per refresh)."""
+    if requested not in PROGRESS_STYLES:
+        raise ValueError(f"progress={requested} is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
+    if requested == "auto":
+        return "rich" if sys.stdout.isatty() else "quiet"
+    return requested
 
 
 def check_checkpointing(checkpoint: DictConfig) -> None:
