@@ -18,6 +18,13 @@ log = logging.getLogger(__name__)
 PROGRESS_NAMES = {"train/loss": "loss", "train/tokens_per_s": "tok/s", "val/bleu": "BLEU"}
 
 
+def metrics_flushed_at(trainer: pl.Trainer, step: int) -> bool:
+    """Whether Lightning sends the step metrics to the loggers once the optimizer has made ``step``
+    steps: at multiples of ``trainer.log_every_n_steps``, never in the middle of an accumulation."""
+    n = trainer.log_every_n_steps
+    return n > 0 and step % n == 0
+
+
 class TokenThroughput(pl.Callback):
     """Logs ``train/tokens_per_s``, real (non-padding) source + target tokens per second of training, and
     ``train/mfu``, model-FLOPs utilisation of the device, when its peak FLOP/s are known.
@@ -65,12 +72,10 @@ class TokenThroughput(pl.Callback):
         self._window_seconds += elapsed
         if self.peak is not None:
             self._window_flops += batch_training_flops(pl_module.model.cfg, lengths[:, 0], lengths[:, 1])
-        # Lightning sends step metrics to the loggers after an optimizer step that makes global_step a
-        # multiple of log_every_n_steps (never mid-accumulation): the window spans exactly those batches.
+        # The window spans exactly the batches between two flushes of the step metrics to the loggers.
         stepped = trainer.global_step != self._step
         self._step = trainer.global_step
-        n = trainer.log_every_n_steps
-        if stepped and n and trainer.global_step % n == 0 and self._window_seconds > 0:
+        if stepped and metrics_flushed_at(trainer, trainer.global_step) and self._window_seconds > 0:
             per_s = self._window_tokens / self._window_seconds
             pl_module.log("train/tokens_per_s", per_s, batch_size=1, prog_bar=True)
             if self.peak is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 from pathlib import Path
@@ -46,6 +47,7 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
     return None
 
 
+@functools.cache
 def device_name(device: torch.device) -> str:
     """The GPU's marketing name, or the CPU model."""
     if device.type == "cuda":

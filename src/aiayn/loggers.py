@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytorch_lightning as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
@@ -198,15 +198,15 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) 
 
 
 def log_run_config(
-    loggers: Sequence[Logger], cfg: DictConfig, overrides: Sequence[str], trainer: pl.Trainer, model: Any
+    loggers: Sequence[Logger], config: dict[str, Any], overrides: Sequence[str], trainer: pl.Trainer, model: Any
 ) -> None:
-    """Gives every logger the resolved composed config, plus under ``aiayn``: the overrides, the code's
-    git commit and dirty flag, the parameter count, and the hardware and precision."""
+    """Gives every logger ``config`` (the resolved composed config), plus under ``aiayn``: the overrides,
+    the code's git commit and dirty flag, the parameter count, and the hardware and precision."""
     if not trainer.is_global_zero:  # the other ranks' loggers drop it anyway
         return
-    config = OmegaConf.to_container(cfg, resolve=True)
     if META_KEY in config:
         raise ValueError(f"the config key {META_KEY!r} is reserved for run metadata; rename it")
+    config = dict(config)
     config[META_KEY] = {
         "overrides": list(overrides),
         "git": git_state(Path(__file__).resolve().parent),

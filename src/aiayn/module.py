@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
+from aiayn.callbacks import metrics_flushed_at
 from aiayn.model import Transformer, TransformerConfig, translate_ids
 from aiayn.model.decoding import check_decoding
 from aiayn.schedule import NoamSchedule
@@ -88,6 +89,9 @@ class TranslationModule(pl.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The global L2 norm of the (unscaled) gradients, before any clipping: spikes warn of divergence.
+        # Computed only for the steps whose metrics reach the loggers: it reads every gradient.
+        if not metrics_flushed_at(self.trainer, self.trainer.global_step + 1):
+            return
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), batch_size=1)
 

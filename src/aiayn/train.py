@@ -44,7 +44,8 @@ def train(
     progress = progress_style(cfg.progress)
     run_dir.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(cfg.seed, workers=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml", resolve=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    OmegaConf.save(resolved, run_dir / "config.yaml")
 
     datamodule = instantiate(cfg.data)
     module = TranslationModule(**module_kwargs(cfg))
@@ -81,7 +82,7 @@ def train(
             latest,
             periodic,
             throughput,
-            SelfContainedCheckpoints(OmegaConf.to_container(cfg, resolve=True)),
+            SelfContainedCheckpoints(resolved),
             ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
             *display,
             *callbacks,
@@ -91,7 +92,7 @@ def train(
     )
     results = None
     try:
-        log_run_config(loggers, cfg, overrides, trainer, module.model)
+        log_run_config(loggers, resolved, overrides, trainer, module.model)
         results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput)
         results["wall_s"] = time.perf_counter() - start
         results["overrides"] = list(overrides)
