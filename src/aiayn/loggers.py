@@ -74,7 +74,7 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     found = wandb_credentials()
     if found:
         return "online", f"credentials from {found}"
-    return "offline", "not logged in to W&B (no WANDB_API_KEY, no `wandb login`)"
+    return "offline", "not logged in to W&B: no WANDB_API_KEY, no `wandb login`"
 
 
 class WandbRunLogger(WandbLogger):
