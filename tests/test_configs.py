@@ -8,27 +8,32 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 from aiayn.config import config_dir, module_kwargs
-from aiayn.data import Multi30kDataModule
+from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.module import TranslationModule
-from aiayn.train import check_checkpointing
+from aiayn.train import check_checkpointing, trainer_options
 from composed import compose_config
 
 CONF = Path(config_dir())
 
 
 def options(group: str) -> list[str]:
-    return sorted(path.stem for path in (CONF / group).glob("*.yaml"))
+    """The options of a config group (files starting with ``_`` are shared parts, not options)."""
+    paths = (path.relative_to(CONF / group).with_suffix("") for path in (CONF / group).rglob("*.yaml"))
+    return sorted(path.as_posix() for path in paths if not path.name.startswith("_"))
 
 
 def test_every_required_option_exists() -> None:
     assert {"tiny", "base", "big"} <= set(options("model"))
-    assert {"multi30k_en_de", "multi30k_de_en", "multi30k_en_fr"} <= set(options("data"))
-    assert {"cpu", "gpu"} <= set(options("hardware"))
+    assert {"multi30k_en_de", "multi30k_de_en", "multi30k_en_fr", "wmt14_en_de", "wmt14_en_fr", "text"} <= set(
+        options("data")
+    )
+    assert {"cpu", "cpu_ddp", "gpu", "gpu8_ddp", "slurm"} <= set(options("hardware"))
+    paper = {f"paper/{size}_wmt14_{pair}" for size in ("base", "big") for pair in ("en_de", "en_fr")}
+    assert paper <= set(options("experiment"))
     assert {"wandb", "tensorboard", "none"} <= set(options("logger"))
 
 
@@ -44,31 +49,28 @@ def test_model_options_build_a_transformer(option: str) -> None:
 
 @pytest.mark.parametrize("option", options("data"))
 def test_data_options_instantiate_a_datamodule(option: str, tmp_path: Path) -> None:
-    cfg = compose_config("train", [f"data={option}", f"data.cache_dir={tmp_path}"])
-    datamodule = instantiate(cfg.data)
-    assert isinstance(datamodule, Multi30kDataModule)
-    src, tgt = option.removeprefix("multi30k_").split("_")
-    assert (datamodule.src_lang, datamodule.tgt_lang) == (src, tgt)
-
-
-@pytest.mark.parametrize("option", options("hardware"))
-def test_hardware_options_configure_the_trainer(option: str) -> None:
-    cfg = compose_config("train", [f"hardware={option}"])
-    kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
-    if kwargs["accelerator"] == "gpu" and not torch.cuda.is_available():
-        # No GPU here: check what the Trainer would receive instead of building it.
-        assert (kwargs["devices"], kwargs["precision"], cfg.data.pin_memory) == (1, "bf16-mixed", True)
-        return
-    trainer = pl.Trainer(**kwargs, logger=False, enable_checkpointing=False)
-    assert trainer.max_steps == cfg.trainer.max_steps
+    overrides = [f"data={option}", f"data.cache_dir={tmp_path}"]
+    if option == "text":
+        for name in ("a.en", "a.it", "b.en", "b.it"):
+            (tmp_path / name).write_text("ciao\n")
+        overrides += ["data.src_lang=en", "data.tgt_lang=it", f"data.root={tmp_path}"]
+        overrides += ["data.train=[a.en,a.it]", "data.val=[b.en,b.it]"]
+    cfg = compose_config("train", overrides)
+    datamodule = instantiate(cfg.data)  # nothing is read or downloaded until prepare_data
+    kind = {"multi30k": Multi30kDataModule, "wmt14": WMT14DataModule, "text": TextDataModule}
+    assert isinstance(datamodule, kind[option.split("_")[0]])
+    if option != "text":
+        src, tgt = option.split("_")[1:]
+        assert (datamodule.src_lang, datamodule.tgt_lang) == (src, tgt)
+    assert datamodule.vocab_size == {"wmt14_en_de": 37000, "wmt14_en_fr": 32000}.get(option, 8000)  # §5.1
 
 
 @pytest.mark.parametrize("option", options("experiment"))
 def test_experiments_compose_and_instantiate(option: str, tmp_path: Path) -> None:
     cfg = compose_config("train", [f"experiment={option}", f"data.cache_dir={tmp_path}"])
     TranslationModule(**module_kwargs(cfg))
-    assert isinstance(instantiate(cfg.data), Multi30kDataModule)
-    pl.Trainer(**OmegaConf.to_container(cfg.trainer, resolve=True), logger=False, enable_checkpointing=False)
+    assert isinstance(instantiate(cfg.data), TranslationDataModule)
+    pl.Trainer(**trainer_options(cfg.trainer), logger=False, enable_checkpointing=False)
 
 
 def test_defaults_are_the_tuned_cpu_run() -> None:

@@ -63,9 +63,8 @@ def write_corpus(root: Path, lines: dict[str, list[bytes]]) -> None:
 def test_misaligned_files_name_both_files(tmp_path: Path) -> None:
     write_corpus(tmp_path / "c", {"en": [b"a b", b"c d", b"e"], "de": [b"x y", b"z"]})
     dm = Multi30kDataModule(root=str(tmp_path / "c"), cache_dir=str(tmp_path / "cache"), vocab_size=20)
-    dm.prepare_data()
     with pytest.raises(DataError, match=r"train\.en\.gz has 3 lines but .*train\.de\.gz has 2"):
-        dm.setup()
+        dm.prepare_data()
 
 
 def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
@@ -112,7 +111,7 @@ def test_empty_and_overlong_training_pairs_are_dropped_and_counted(
     dm.prepare_data()
     dm.setup()
     assert len(dm.datasets["train"]) == 12
-    assert "dropped 4 empty and 4 over-long" in caplog.text
+    assert "dropped 4 empty, 4 over-long" in caplog.text
     assert len(dm.datasets["val"]) == 20  # evaluation splits are never filtered
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
+import numpy as np
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import RichProgressBar
@@ -29,8 +31,9 @@ class TokenThroughput(pl.Callback):
     """Logs ``train/tokens_per_s``, real (non-padding) source + target tokens per second of training, and
     ``train/mfu``, model-FLOPs utilisation of the device, when its peak FLOP/s are known.
 
-    Time spent in validation is excluded; data loading between steps is included, since a user waits
-    for it. ``tokens`` and ``seconds`` accumulate over the run for its summary. ``peak_tflops``
+    Under DDP both are for all ranks together (:func:`summed_over_ranks`). Time spent in validation is
+    excluded; data loading between steps is included, since a user waits for it. ``tokens`` and
+    ``seconds`` accumulate over this rank's run; ``tokens_per_s`` is all ranks' at the end. ``peak_tflops``
     overrides the peak looked up from the device name (:data:`aiayn.hardware.PEAK_TFLOPS`).
     """
 
@@ -39,6 +42,7 @@ class TokenThroughput(pl.Callback):
         self.peak: float | None = None
         self.tokens = 0
         self.seconds = 0.0
+        self.tokens_per_s = 0.0  # all ranks', at the end of training
         self._window_tokens = 0
         self._window_flops = 0.0
         self._window_seconds = 0.0
@@ -76,15 +80,58 @@ class TokenThroughput(pl.Callback):
         stepped = trainer.global_step != self._step
         self._step = trainer.global_step
         if stepped and metrics_flushed_at(trainer, trainer.global_step) and self._window_seconds > 0:
-            per_s = self._window_tokens / self._window_seconds
-            pl_module.log("train/tokens_per_s", per_s, batch_size=1, prog_bar=True)
+            tokens, flops = summed_over_ranks(
+                trainer, pl_module, self._window_tokens, self._window_flops, self._window_seconds
+            )
+            pl_module.log("train/tokens_per_s", tokens, batch_size=1, prog_bar=True)
             if self.peak is not None:
-                pl_module.log("train/mfu", self._window_flops / self._window_seconds / self.peak, batch_size=1)
+                pl_module.log("train/mfu", flops / (self.peak * trainer.world_size), batch_size=1)
             self._window_tokens, self._window_flops, self._window_seconds = 0, 0.0, 0.0
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The run's figure for results.json: every rank's tokens (each rank timed its own share).
+        self.tokens_per_s = summed_over_ranks(trainer, pl_module, self.tokens, 0.0, self.seconds)[0]
+
+
+def summed_over_ranks(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, tokens: float, flops: float, seconds: float
+) -> tuple[float, float]:
+    """Tokens/s and FLOP/s of all DDP ranks together: each rank's rate over its own time, summed.
+
+    Called by every rank at the same step (a collective); a single process gets its own rates back."""
+    rates = torch.tensor([tokens, flops], dtype=torch.float64) / max(seconds, 1e-9)
+    if trainer.world_size > 1:
+        rates = trainer.strategy.reduce(rates.to(pl_module.device), reduce_op="sum").cpu()
+    return float(rates[0]), float(rates[1])
+
+
+class RandomState(pl.Callback):
+    """Keeps the random number generators' states in checkpoints and restores them on resume.
+
+    Dropout draws from them: without this, a resumed run would draw other masks than an uninterrupted
+    one and end with other weights. The states are stored as tensors and ints, which
+    ``torch.load(weights_only=True)`` accepts. Every rank restores the saving rank's (rank 0's) states.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        _, keys, position, has_gauss, gauss = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "rest": [position, has_gauss, gauss]},
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        position, has_gauss, gauss = state["numpy"]["rest"]
+        np.random.set_state(("MT19937", state["numpy"]["keys"].numpy().astype(np.uint32), position, has_gauss, gauss))
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class SelfContainedCheckpoints(pl.Callback):

@@ -198,10 +198,16 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) 
 
 
 def log_run_config(
-    loggers: Sequence[Logger], config: dict[str, Any], overrides: Sequence[str], trainer: pl.Trainer, model: Any
+    loggers: Sequence[Logger],
+    config: dict[str, Any],
+    overrides: Sequence[str],
+    trainer: pl.Trainer,
+    model: Any,
+    batching: dict[str, Any],
 ) -> None:
     """Gives every logger ``config`` (the resolved composed config), plus under ``aiayn``: the overrides,
-    the code's git commit and dirty flag, the parameter count, and the hardware and precision."""
+    the code's git commit and dirty flag, the parameter count, the hardware and precision, and the
+    effective batch (devices, tokens per device, accumulation)."""
     if not trainer.is_global_zero:  # the other ranks' loggers drop it anyway
         return
     if META_KEY in config:
@@ -212,6 +218,7 @@ def log_run_config(
         "git": git_state(Path(__file__).resolve().parent),
         "parameters": count_parameters(model),
         "hardware": describe_hardware(trainer),
+        "batch": batching,
     }
     for logger in loggers:
         logger.log_hyperparams(config)

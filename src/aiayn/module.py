@@ -57,7 +57,7 @@ class TranslationModule(pl.LightningModule):
         self.smoothed = torch.nn.ModuleDict({stage: MeanMetric() for stage in stages})
         self.bleu = torch.nn.ModuleDict({stage: SacreBLEUScore(**BLEU_SETTINGS) for stage in stages})
         self.detokenize: Callable[[list[list[int]]], list[str]] | None = None
-        self.test_hypotheses: dict[int, str] = {}  # dataset position → detokenized hypothesis
+        self.test_hypotheses: dict[int, str] = {}  # dataset position → detokenized hypothesis, all ranks'
 
     # -- loss -------------------------------------------------------------------------------------
     def loss(
@@ -140,6 +140,11 @@ class TranslationModule(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_evaluation("test")
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Each DDP rank translated its share of the test set; every rank gets all hypotheses.
+            shares: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(shares, self.test_hypotheses)
+            self.test_hypotheses = {i: text for share in shares for i, text in (share or {}).items()}
 
     # -- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

@@ -14,7 +14,14 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from aiayn.callbacks import RunProgressBar, SelfContainedCheckpoints, TokenThroughput, ValidationReport
+from aiayn.batching import configure_batching
+from aiayn.callbacks import (
+    RandomState,
+    RunProgressBar,
+    SelfContainedCheckpoints,
+    TokenThroughput,
+    ValidationReport,
+)
 from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.config import module_kwargs
 from aiayn.dashboard import ValidationSamples
@@ -38,6 +45,10 @@ def train(
     ``overrides`` (the command line's) and ``sweep`` (the multirun this run belongs to) name and group
     the run on the dashboard; ``callbacks`` join the run's own. The loggers' runs are finished also when
     training raises.
+
+    The run continues from ``cfg.resume`` when set, or from ``run_dir/checkpoints/last.ckpt`` when the
+    folder has one (a requeued SLURM job, a restarted run): weights, optimizer, schedule, the position
+    in the epoch and the random state, so that it ends as an uninterrupted run would.
     """
     start = time.perf_counter()
     check_checkpointing(cfg.checkpoint)
@@ -50,6 +61,7 @@ def train(
     datamodule = instantiate(cfg.data)
     module = TranslationModule(**module_kwargs(cfg))
     checkpoint_dir = run_dir / "checkpoints"
+    resume = resume_from(cfg.resume, checkpoint_dir)
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir,
         filename="best",
@@ -72,7 +84,7 @@ def train(
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
-    trainer_kwargs = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_kwargs = trainer_options(cfg.trainer)
     trainer_kwargs.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer_kwargs.setdefault("enable_model_summary", progress != "quiet")
     trainer = pl.Trainer(
@@ -83,6 +95,7 @@ def train(
             periodic,
             throughput,
             SelfContainedCheckpoints(resolved),
+            RandomState(),
             ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
             *display,
             *callbacks,
@@ -90,10 +103,13 @@ def train(
         logger=loggers,
         default_root_dir=str(run_dir),
     )
+    batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
     results = None
     try:
-        log_run_config(loggers, resolved, overrides, trainer, module.model)
-        results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput)
+        log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
+        results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput, resume)
+        results["batch"] = batching
+        results["data"] = datamodule.filtered
         results["wall_s"] = time.perf_counter() - start
         results["overrides"] = list(overrides)
         if trainer.is_global_zero:
@@ -111,34 +127,41 @@ def fit_and_test(
     datamodule: pl.LightningDataModule,
     checkpoint: ModelCheckpoint,
     throughput: TokenThroughput,
+    resume: Path | None = None,
 ) -> dict[str, Any]:
-    """Fit, then validate and test the best checkpoint and test the average of the newest ones."""
-    trainer.fit(module, datamodule=datamodule)
+    """Fit (from ``resume`` when given), then validate and test the best checkpoint and test the
+    average of the newest ones. Without a test split, the scores are the validation's."""
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
     last = Path(checkpoint.dirpath) / "last.ckpt"
     trainer.save_checkpoint(last)  # the final state, also when training stopped between validations
 
     best = checkpoint.best_model_path or str(last)
     val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
-    references = datamodule.references["test"]
-    test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt")
     results = {
         "params": count_parameters(module.model),
         "val_bleu": val["val/bleu"],
         "val_ppl": val["val/ppl"],
         "val_loss": val["val/loss"],
-        "test_bleu": test_scores["sacrebleu"],
-        "test_chrf": test_scores["chrf"],
-        "test_ppl": test["test/ppl"],
-        "test_split": cfg.data.test_split,
-        "sacrebleu_signature": test_scores["sacrebleu_signature"],
         "decoding": OmegaConf.to_container(cfg.decoding, resolve=True),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
         "train_tokens": throughput.tokens,
         "train_tokens_per_s": throughput.tokens_per_s,
         "best_checkpoint": str(Path(best).relative_to(run_dir)) if best else None,
+        "resumed_from": str(resume) if resume else None,
     }
+    if "test" not in datamodule.roles:
+        return results
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    references = datamodule.references["test"]
+    test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt")
+    results.update(
+        test_bleu=test_scores["sacrebleu"],
+        test_chrf=test_scores["chrf"],
+        test_ppl=test["test/ppl"],
+        test_split=datamodule.split_names["test"],
+        sacrebleu_signature=test_scores["sacrebleu_signature"],
+    )
     sources = step_checkpoints(run_dir)[-cfg.checkpoint.average_last :] if cfg.checkpoint.average_last >= 2 else []
     if len(sources) >= 2:  # averaging a single checkpoint would only copy it
         averaged = Path(checkpoint.dirpath) / "averaged.ckpt"
@@ -151,6 +174,23 @@ def fit_and_test(
         results["test_chrf_averaged"] = scores["chrf"]
         results["averaged_checkpoints"] = [source.name for source in sources]
     return results
+
+
+def trainer_options(trainer: DictConfig) -> dict[str, Any]:
+    """The ``pl.Trainer`` arguments of ``trainer``; ``strategy`` and ``plugins`` entries with a
+    ``_target_`` (as in ``hardware/*.yaml``) become the objects they name."""
+    return instantiate(trainer, _convert_="all")
+
+
+def resume_from(requested: str | None, checkpoint_dir: Path) -> Path | None:
+    """The checkpoint to continue from: ``requested``, else the run folder's own ``last.ckpt``."""
+    if requested:
+        path = Path(requested).expanduser()
+        if not path.is_file():
+            raise ValueError(f"resume={requested} is not a file; give a checkpoint, e.g. <run>/checkpoints/last.ckpt")
+        return path
+    last = checkpoint_dir / "last.ckpt"
+    return last if last.is_file() else None
 
 
 def progress_style(requested: str) -> str:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from pytorch_lightning.utilities import rank_zero_only
 
 from aiayn.allocator import retain_freed_memory
 from aiayn.config import config_dir
@@ -23,10 +25,18 @@ def main(cfg: DictConfig) -> None:
     if not retain_freed_memory():
         log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode != RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith("SlurmLauncher"):
+        # Without -m Hydra ignores the launcher: the run would start here, on the login node.
+        print(
+            "hardware=slurm submits jobs through Hydra's launcher: add -m (aiayn-train -m hardware=slurm ...)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     # The jobs of one multirun share its folder's name (its start time): their dashboard group.
     sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
     results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task), sweep)
-    print(json.dumps(results))
+    if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
+        print(json.dumps(results))
 
 
 if __name__ == "__main__":

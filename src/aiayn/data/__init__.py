@@ -13,14 +13,23 @@ from aiayn.data.sampler import TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from aiayn.data.datamodule import Multi30kDataModule
+    from aiayn.data.datamodule import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 
-__all__ = ["DataError", "Multi30kDataModule", "TokenBudgetBatchSampler", "Tokenizer"]
+DATA_MODULES = ("Multi30kDataModule", "TextDataModule", "TranslationDataModule", "WMT14DataModule")
+__all__ = [
+    "DataError",
+    "Multi30kDataModule",
+    "TextDataModule",
+    "TokenBudgetBatchSampler",
+    "Tokenizer",
+    "TranslationDataModule",
+    "WMT14DataModule",
+]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "Multi30kDataModule":
-        from aiayn.data.datamodule import Multi30kDataModule
+    if name in DATA_MODULES:
+        from aiayn.data import datamodule
 
-        return Multi30kDataModule
+        return getattr(datamodule, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

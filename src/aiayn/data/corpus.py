@@ -1,13 +1,24 @@
-"""Reading parallel text: the Multi30k files, from a local folder or their public download."""
+"""Parallel corpora: where the sentence pairs of each split come from.
+
+A :class:`ParallelCorpus` gives aligned source/target text by split and row, and a fingerprint of its
+content that names its tokenizer cache. Three sources: Multi30k (a local folder or its public
+download), WMT14 through Hugging Face ``datasets``, and any aligned pair of plain-text files.
+"""
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import urllib.error
 import urllib.request
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{stem}.{lang}.gz"
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -81,3 +92,218 @@ def download_multi30k(target: Path, langs: tuple[str, ...]) -> Path:
                     "download the task-1 raw files yourself and set data.root=<folder>"
                 ) from None
     return target
+
+
+def file_digest(paths: Sequence[Path]) -> str:
+    """SHA-256 over the bytes of ``paths``, read in blocks (corpus files can be gigabytes)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 22):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+class ParallelCorpus(ABC):
+    """Sentence pairs in one direction, by split; ``roles`` maps train/val/test to the corpus's splits.
+
+    Implementations must be picklable: parallel encoding hands them to worker processes.
+    """
+
+    name: str
+    src_lang: str
+    tgt_lang: str
+    roles: dict[str, str | None]  # role → split name; a role mapped to None is absent (no test split)
+
+    def splits(self) -> list[str]:
+        """The splits to encode: those with a role."""
+        return sorted({split for split in self.roles.values() if split is not None})
+
+    @abstractmethod
+    def fingerprint(self) -> str:
+        """Identifies the content of every split in both languages, whichever is the source."""
+
+    @abstractmethod
+    def size(self, split: str) -> int:
+        """The number of sentence pairs of ``split``."""
+
+    @abstractmethod
+    def read(self, split: str, rows: np.ndarray | None = None) -> tuple[list[str], list[str]]:
+        """Source and target text of ``rows`` of ``split`` (all rows when None), aligned."""
+
+    @abstractmethod
+    def where(self, split: str) -> str:
+        """Where ``split`` comes from, for messages (a file, a dataset split)."""
+
+
+class _TextPairs(ParallelCorpus):
+    """A corpus made of aligned text files, ``files[split] = (source file, target file)``; each pair of
+    files is read (and checked) once per process."""
+
+    def __init__(self) -> None:
+        self._text: dict[str, tuple[list[str], list[str]]] = {}
+
+    @abstractmethod
+    def files(self, split: str, lang: str) -> Path:
+        """The file holding ``split`` in ``lang``."""
+
+    def fingerprint(self) -> str:
+        langs = sorted((self.src_lang, self.tgt_lang))
+        return file_digest([self.files(split, lang) for split in self.splits() for lang in langs])
+
+    def _pairs(self, split: str) -> tuple[list[str], list[str]]:
+        if split not in self._text:
+            self._text[split] = read_parallel(self.files(split, self.src_lang), self.files(split, self.tgt_lang))
+        return self._text[split]
+
+    def size(self, split: str) -> int:
+        return len(self._pairs(split)[0])
+
+    def read(self, split: str, rows: np.ndarray | None = None) -> tuple[list[str], list[str]]:
+        src, tgt = self._pairs(split)
+        if rows is None:
+            return list(src), list(tgt)
+        return [src[i] for i in rows.tolist()], [tgt[i] for i in rows.tolist()]
+
+    def where(self, split: str) -> str:
+        return str(self.files(split, self.src_lang))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_text": {}}  # workers read the files themselves
+
+
+class Multi30k(_TextPairs):
+    """Multi30k task 1 (``<root>/<stem>.<lang>[.gz]``); without ``root``, downloaded into ``cache_dir``."""
+
+    name = "multi30k"
+
+    def __init__(
+        self, src_lang: str, tgt_lang: str, root: Path | None, cache_dir: Path, val_split: str, test_split: str
+    ) -> None:
+        super().__init__()
+        for lang in (src_lang, tgt_lang):
+            if lang not in MULTI30K_LANGS:
+                raise ValueError(f"data language {lang!r} is not in Multi30k; use one of {', '.join(MULTI30K_LANGS)}")
+        for key, split in (("val_split", val_split), ("test_split", test_split)):
+            if split not in MULTI30K_SPLITS:
+                raise ValueError(f"data.{key}={split!r} must be one of {', '.join(MULTI30K_SPLITS)}")
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.root, self.cache_dir = root, cache_dir
+        self.roles = {"train": "train", "val": val_split, "test": test_split}
+        self._folder: Path | None = None
+
+    def splits(self) -> list[str]:
+        return list(MULTI30K_SPLITS)  # all of them: the cache does not depend on val_split/test_split
+
+    def folder(self) -> Path:
+        if self._folder is None:
+            if self.root is not None:
+                if not self.root.is_dir():
+                    raise DataError(f"data.root={self.root} is not a folder; point it at the Multi30k task-1 raw files")
+                self._folder = self.root
+            else:
+                self._folder = download_multi30k(self.cache_dir / "multi30k", MULTI30K_LANGS)
+        return self._folder
+
+    def files(self, split: str, lang: str) -> Path:
+        return split_file(self.folder(), MULTI30K_SPLITS[split], lang)
+
+
+class TextFiles(_TextPairs):
+    """Any aligned plain-text files: ``files[role] = [source file, target file]`` (UTF-8, one sentence
+    per line, optionally gzipped), relative to ``root`` unless absolute. ``test`` may be left out."""
+
+    name = "text"
+
+    def __init__(self, src_lang: str, tgt_lang: str, root: Path | None, files: Mapping[str, Sequence[str] | None]):
+        super().__init__()
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.paths: dict[str, dict[str, Path]] = {}
+        for role in ("train", "val", "test"):
+            pair = files.get(role)
+            if pair is None:
+                if role != "test":
+                    raise ValueError(f"data.{role} is not set; give [source file, target file]")
+                continue
+            if isinstance(pair, str) or len(pair) != 2:
+                raise ValueError(f"data.{role}={pair} must be a list of two files: [source, target]")
+            paths = [Path(p).expanduser() if root is None else Path(root).expanduser() / p for p in pair]
+            for path in paths:
+                if not path.is_file():
+                    raise DataError(f"data.{role}: {path} is not a file")
+            self.paths[role] = dict(zip((src_lang, tgt_lang), paths, strict=True))
+        self.roles = {role: (role if role in self.paths else None) for role in ("train", "val", "test")}
+
+    def files(self, split: str, lang: str) -> Path:
+        return self.paths[split][lang]
+
+
+class HuggingFaceTranslation(ParallelCorpus):
+    """A ``datasets`` translation dataset whose rows are ``{"translation": {lang: text, ...}}`` (the
+    layout of the ``wmt14``..``wmt19`` configurations), from the Hub or from a local folder: one written
+    by ``DatasetDict.save_to_disk``, or any folder ``datasets.load_dataset`` reads (Parquet, JSON...).
+    """
+
+    name = "hf"
+
+    def __init__(
+        self, src_lang: str, tgt_lang: str, path: str, config: str | None, splits: Mapping[str, str | None]
+    ) -> None:
+        self.src_lang, self.tgt_lang, self.path, self.config = src_lang, tgt_lang, path, config
+        self.roles = dict(splits)
+        self._data: Any = None
+
+    def dataset(self) -> Any:
+        if self._data is None:
+            import datasets  # imported on first use: it is slow to import and only WMT needs it
+
+            local = Path(self.path).expanduser()
+            try:
+                if (local / "dataset_dict.json").is_file():
+                    self._data = datasets.load_from_disk(str(local))
+                else:
+                    self._data = datasets.load_dataset(str(local) if local.is_dir() else self.path, self.config)
+            except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
+                raise DataError(f"could not load the dataset {self.path} ({self.config}): {err}") from None
+            for role, split in self.roles.items():
+                if split is not None and split not in self._data:
+                    raise DataError(
+                        f"dataset {self.path} has no split {split!r} (the {role} split); it has {', '.join(self._data)}"
+                    )
+            columns = self._data[self.roles["train"]].column_names
+            if "translation" not in columns:
+                raise DataError(f"dataset {self.path} has no 'translation' column (it has {', '.join(columns)})")
+        return self._data
+
+    def fingerprint(self) -> str:
+        parts = [self.path, self.config or "", *(self.dataset()[split]._fingerprint for split in self.splits())]
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+    def size(self, split: str) -> int:
+        return len(self.dataset()[split])
+
+    def read(self, split: str, rows: np.ndarray | None = None) -> tuple[list[str], list[str]]:
+        table = self.dataset()[split]
+        if rows is None:
+            first, pairs = 0, table["translation"]
+        elif len(rows) and rows[-1] - rows[0] == len(rows) - 1:  # a contiguous range: a cheap slice
+            first, pairs = int(rows[0]), table[int(rows[0]) : int(rows[-1]) + 1]["translation"]
+        else:
+            first, pairs = None, table.select(rows)["translation"]
+        src, tgt = [], []
+        for k, pair in enumerate(pairs):
+            s, t = (pair or {}).get(self.src_lang), (pair or {}).get(self.tgt_lang)
+            if not isinstance(s, str) or not isinstance(t, str):
+                row = first + k if first is not None else int(rows[k])
+                raise DataError(
+                    f"{self.where(split)} row {row}: no {self.src_lang!r} and {self.tgt_lang!r} text in {pair}"
+                )
+            src.append(s)
+            tgt.append(t)
+        return src, tgt
+
+    def where(self, split: str) -> str:
+        return f"{self.path} [{split}]"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_data": None}  # workers memory-map the Arrow files themselves

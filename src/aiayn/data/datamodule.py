@@ -1,194 +1,322 @@
-"""The LightningDataModule: raw parallel text → cached sentencepiece ids → token-budget batches."""
+"""The LightningDataModules: a parallel corpus → cached sentencepiece ids → token-budget batches.
+
+:class:`TranslationDataModule` does the work for any :class:`~aiayn.data.corpus.ParallelCorpus`; the
+three sources are thin subclasses that take flat keys (``data.root`` ...) from the Hydra config:
+:class:`Multi30kDataModule`, :class:`WMT14DataModule` and :class:`TextDataModule`.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
+import torch
 from torch.utils.data import DataLoader
 
 from aiayn.data.corpus import (
-    MULTI30K_LANGS,
-    MULTI30K_SPLITS,
     DataError,
+    HuggingFaceTranslation,
+    Multi30k,
+    ParallelCorpus,
+    TextFiles,
     default_cache_dir,
-    download_multi30k,
-    read_lines,
-    read_parallel,
-    split_file,
 )
-from aiayn.data.dataset import Collator, EncodedText, ParallelDataset
-from aiayn.data.sampler import TokenBudgetBatchSampler
+from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dtype
+from aiayn.data.encoding import encode_split
+from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 # Bump when the tokenizer's training options or the cache layout change, so old caches are not reused.
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+SAMPLE_SEED = 0  # the tokenizer's training sample does not depend on the run's seed: runs share caches
+ROLES = ("train", "val", "test")
 
 
-class Multi30kDataModule(pl.LightningDataModule):
-    """Multi30k task 1 in one direction (``src_lang`` → ``tgt_lang`` among en, de, fr).
+class TranslationDataModule(pl.LightningDataModule):
+    """Batches of one translation direction of ``corpus``.
 
-    The corpus comes from ``root``; when ``root`` is unset, from ``<cache_dir>/multi30k``, downloaded
-    there on first use. One joint BPE model per corpus and vocabulary size is trained on the training
-    text of both languages and cached with the encoded splits: the first run tokenizes, later runs
-    (and both directions of a pair) load ids from disk.
+    One joint BPE model per corpus and vocabulary size is trained on a sample of at most
+    ``tokenizer_sample`` training pairs (both languages, §5.1's shared vocabulary) and cached with the
+    encoded splits under ``cache_dir``: the first run tokenizes (in ``encode_workers`` processes),
+    later runs, every DDP rank and both directions of a pair load memory-mapped ids from disk.
+
+    Training pairs with an empty side, a side longer than ``max_len`` tokens, or sides whose lengths
+    differ by more than the factor ``max_len_ratio`` are dropped and counted (:attr:`filtered`);
+    evaluation splits are used whole. Batches hold at most ``max_tokens`` tokens (padding included) per
+    device and are shared out over the DDP ranks.
     """
+
+    def __init__(
+        self,
+        corpus: ParallelCorpus,
+        cache_dir: str | None = None,
+        vocab_size: int = 8000,
+        tokenizer_sample: int = 1_000_000,
+        encode_workers: int | None = None,
+        max_tokens: int = 4096,
+        eval_max_tokens: int | None = None,
+        max_len: int = 256,
+        max_len_ratio: float | None = None,
+        seed: int = 1,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        train_limit: int | None = None,
+        eval_limit: int | None = None,
+    ) -> None:
+        super().__init__()
+        if max_len_ratio is not None and max_len_ratio < 1:
+            raise ValueError(f"data.max_len_ratio={max_len_ratio} must be at least 1 (or null: no ratio filter)")
+        if tokenizer_sample < 1:
+            raise ValueError(f"data.tokenizer_sample={tokenizer_sample} must be a positive number of pairs")
+        self.corpus = corpus
+        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+        self.vocab_size, self.tokenizer_sample, self.encode_workers = vocab_size, tokenizer_sample, encode_workers
+        self.max_tokens, self.max_len, self.max_len_ratio = max_tokens, max_len, max_len_ratio
+        self.eval_max_tokens = eval_max_tokens or max_tokens
+        self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
+        self.train_limit, self.eval_limit = train_limit, eval_limit
+        self.split_names = corpus.roles
+        self.tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, ParallelDataset] = {}
+        self.references: dict[str, list[str]] = {}
+        self.filtered: dict[str, int] = {}
+        self._cache: Path | None = None
+
+    @property
+    def src_lang(self) -> str:
+        return self.corpus.src_lang
+
+    @property
+    def tgt_lang(self) -> str:
+        return self.corpus.tgt_lang
+
+    @property
+    def roles(self) -> list[str]:
+        """The roles this corpus has: train, val and, unless it has none, test."""
+        return [role for role in ROLES if self.split_names.get(role) is not None]
+
+    # -- the cache --------------------------------------------------------------------------------
+    def cache_folder(self) -> Path:
+        """Cache folder keyed by the corpus content, the vocabulary size and the tokenizer sample."""
+        if self._cache is None:
+            langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
+            key = f"v{CACHE_VERSION}-{self.vocab_size}-{self.tokenizer_sample}-{self.corpus.fingerprint()}"
+            digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+            self._cache = self.cache_dir / "tokenized" / f"{self.corpus.name}-{langs}-bpe{self.vocab_size}-{digest}"
+        return self._cache
+
+    def _stem(self, split: str, lang: str) -> Path:
+        return self.cache_folder() / f"{split}.{lang}"
+
+    def _train_tokenizer(self, model_file: Path) -> Tokenizer:
+        split = self.split_names["train"]
+        n = self.corpus.size(split)
+        rows = None
+        if n > self.tokenizer_sample:  # a bounded, seeded sample: memory and time stay fixed at any scale
+            rng = np.random.default_rng(SAMPLE_SEED)
+            rows = np.sort(rng.choice(n, size=self.tokenizer_sample, replace=False))
+        sides = dict(zip((self.src_lang, self.tgt_lang), self.corpus.read(split, rows), strict=True))
+        sample = len(sides[self.src_lang])
+        log.info("training a %d-piece joint BPE model on %d of %d training pairs", self.vocab_size, sample, n)
+        lines = (line for lang in sorted(sides) for line in sides[lang])  # the same model for both directions
+        return Tokenizer.train(lines, self.vocab_size, model_file)
+
+    # -- Lightning hooks --------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Train the tokenizer and encode every split, unless the cache has them already (Lightning
+        calls this on one process per node; the other ranks wait and then load the cache)."""
+        model_file = self.cache_folder() / "spm.model"
+        if not model_file.is_file():
+            self._train_tokenizer(model_file)
+        dtype = token_dtype(self.vocab_size)
+        for split in self.corpus.splits():
+            stems = (self._stem(split, self.src_lang), self._stem(split, self.tgt_lang))
+            if not all(EncodedText.exists(stem) for stem in stems):
+                encode_split(self.corpus, split, model_file, stems, dtype, self.encode_workers)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.tokenizer is not None:
+            return
+        self.tokenizer = Tokenizer(self.cache_folder() / "spm.model")
+        for role in self.roles:
+            split = self.split_names[role]
+            src = EncodedText.load(self._stem(split, self.src_lang))
+            tgt = EncodedText.load(self._stem(split, self.tgt_lang))
+            if len(src) != len(tgt):
+                raise DataError(f"the cache {self.cache_folder()} is inconsistent for {split}; delete it to re-encode")
+            limit = self.train_limit if role == "train" else self.eval_limit
+            indices = np.arange(min(len(src), limit or len(src)))
+            if role == "train":
+                indices = self._filter_training_pairs(src, tgt, indices)
+            else:
+                self.references[role] = self.corpus.read(split, indices)[1]
+            if len(indices) == 0:
+                raise DataError(f"{self.corpus.where(split)} has no sentence pairs")
+            self.datasets[role] = ParallelDataset(src, tgt, indices)
+
+    def _filter_training_pairs(self, src: EncodedText, tgt: EncodedText, indices: np.ndarray) -> np.ndarray:
+        """Drop empty, over-long and length-mismatched training pairs; count each reason."""
+        src_len, tgt_len = src.lengths[indices], tgt.lengths[indices]
+        empty = (src_len == 0) | (tgt_len == 0)
+        too_long = ~empty & ((src_len + 1 > self.max_len) | (tgt_len + 1 > self.max_len))
+        ratio = np.zeros_like(empty)
+        if self.max_len_ratio is not None:
+            longer, shorter = np.maximum(src_len, tgt_len), np.maximum(np.minimum(src_len, tgt_len), 1)
+            ratio = ~empty & ~too_long & (longer > self.max_len_ratio * shorter)
+        keep = ~(empty | too_long | ratio)
+        self.filtered = {
+            "pairs": len(indices),
+            "kept": int(keep.sum()),
+            "empty": int(empty.sum()),
+            "too_long": int(too_long.sum()),
+            "length_ratio": int(ratio.sum()),
+        }
+        where = self.corpus.where(self.split_names["train"])
+        if not keep.all():
+            log.warning(
+                "%s: dropped %d empty, %d over-long (> data.max_len=%d tokens) and %d length-mismatched "
+                "(> data.max_len_ratio=%s) training pairs of %d",
+                where,
+                self.filtered["empty"],
+                self.filtered["too_long"],
+                self.max_len,
+                self.filtered["length_ratio"],
+                self.max_len_ratio,
+                len(indices),
+            )
+        if not keep.any():
+            raise DataError(f"{where}: no training pair left after filtering; check the data and data.max_len")
+        return indices[keep]
+
+    def split_texts(self, role: str) -> tuple[list[str], list[str]]:
+        """Raw source and target lines of the ``train``, ``val`` or ``test`` split, aligned."""
+        if role not in ROLES or self.split_names.get(role) is None:
+            raise ValueError(f"split={role!r} is not a split of this corpus; use one of {', '.join(self.roles)}")
+        return self.corpus.read(self.split_names[role])
+
+    # -- loaders ----------------------------------------------------------------------------------
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _sampler(self, role: str, max_tokens: int) -> TokenBudgetBatchSampler:
+        world, rank = self._ranks()
+        training = role == "train"
+        sizes = self.datasets[role].sizes()
+        return TokenBudgetBatchSampler(sizes, max_tokens, self.seed, training, world, rank, even=training)
+
+    def _collator(self, role: str) -> Collator:
+        assert self.tokenizer is not None, "call setup() first"
+        tok = self.tokenizer
+        return Collator(tok.pad_id, tok.bos_id, tok.eos_id, self.references.get(role))
+
+    def _loader_options(self) -> dict[str, Any]:
+        workers = self.num_workers
+        return {
+            "num_workers": workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": workers > 0,
+            # A loader seeds its workers from this generator, not from the global one that dropout draws
+            # from: starting to iterate mid-epoch (a resumed run) must not shift the dropout masks.
+            "generator": torch.Generator().manual_seed(self.seed),
+        }
+
+    def _consumed_batches(self) -> int:
+        """Training batches this rank has finished in the current epoch, as Lightning counts them."""
+        return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
+
+    def train_dataloader(self) -> DataLoader:
+        return ResumableDataLoader(
+            self.datasets["train"],
+            batch_sampler=self._sampler("train", self.max_tokens),
+            collate_fn=self._collator("train"),
+            consumed=self._consumed_batches,
+            **self._loader_options(),
+        )
+
+    def _eval_loader(self, role: str) -> DataLoader:
+        return DataLoader(
+            self.datasets[role],
+            batch_sampler=self._sampler(role, self.eval_max_tokens),
+            collate_fn=self._collator(role),
+            **self._loader_options(),
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+
+class Multi30kDataModule(TranslationDataModule):
+    """Multi30k task 1 in one direction (``src_lang`` → ``tgt_lang`` among en, de, fr), from ``root``
+    or, when unset, downloaded into ``<cache_dir>/multi30k`` on first use."""
 
     def __init__(
         self,
         src_lang: str = "en",
         tgt_lang: str = "de",
         root: str | None = None,
-        cache_dir: str | None = None,
-        vocab_size: int = 8000,
-        max_tokens: int = 4096,
-        eval_max_tokens: int | None = None,
-        max_len: int = 256,
-        seed: int = 1,
-        num_workers: int = 0,
-        pin_memory: bool = False,
-        train_limit: int | None = None,
-        eval_limit: int | None = None,
         val_split: str = "val",
         test_split: str = "test",
+        **options: Any,
     ) -> None:
-        super().__init__()
-        for lang in (src_lang, tgt_lang):
-            if lang not in MULTI30K_LANGS:
-                raise ValueError(f"data language {lang!r} is not in Multi30k; use one of {', '.join(MULTI30K_LANGS)}")
         if src_lang == tgt_lang:
             raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
-        for key, split in (("val_split", val_split), ("test_split", test_split)):
-            if split not in MULTI30K_SPLITS:
-                raise ValueError(f"data.{key}={split!r} must be one of {', '.join(MULTI30K_SPLITS)}")
-        self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.root = Path(root).expanduser() if root else None
-        self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-        self.vocab_size, self.max_tokens, self.max_len = vocab_size, max_tokens, max_len
-        self.eval_max_tokens = eval_max_tokens or max_tokens
-        self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
-        self.train_limit, self.eval_limit = train_limit, eval_limit
-        self.split_names = {"train": "train", "val": val_split, "test": test_split}
-        self.tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, ParallelDataset] = {}
-        self.references: dict[str, list[str]] = {}
-        self._locations: tuple[Path, Path] | None = None
+        cache = Path(options["cache_dir"]).expanduser() if options.get("cache_dir") else default_cache_dir()
+        root_path = Path(root).expanduser() if root else None
+        super().__init__(Multi30k(src_lang, tgt_lang, root_path, cache, val_split, test_split), **options)
 
-    # -- where things are -------------------------------------------------------------------------
-    def corpus_dir(self) -> Path:
-        if self.root is not None:
-            if not self.root.is_dir():
-                raise DataError(f"data.root={self.root} is not a folder; point it at the Multi30k task-1 raw files")
-            return self.root
-        return download_multi30k(self.cache_dir / "multi30k", MULTI30K_LANGS)
 
-    def _files(self, corpus: Path, split: str, lang: str) -> Path:
-        return split_file(corpus, MULTI30K_SPLITS[split], lang)
+class WMT14DataModule(TranslationDataModule):
+    """WMT14 through Hugging Face ``datasets``: the ``wmt14`` configuration ``config`` (``de-en``,
+    ``fr-en``), newstest2013 as validation and newstest2014 as test. ``root``: a local copy in the same
+    layout (``save_to_disk`` folder, or Parquet/JSON files), else ``hub`` is downloaded once into the
+    Hugging Face cache."""
 
-    def locations(self) -> tuple[Path, Path]:
-        """The corpus folder and its tokenized cache folder, resolved (and hashed) once per instance."""
-        if self._locations is None:
-            corpus = self.corpus_dir()
-            self._locations = corpus, self.tokenized_dir(corpus)
-        return self._locations
+    def __init__(
+        self,
+        src_lang: str = "en",
+        tgt_lang: str = "de",
+        config: str = "de-en",
+        root: str | None = None,
+        hub: str = "wmt/wmt14",
+        splits: dict[str, str | None] | None = None,
+        **options: Any,
+    ) -> None:
+        if src_lang == tgt_lang:
+            raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
+        pair = set(config.split("-"))
+        if {src_lang, tgt_lang} != pair:
+            raise ValueError(f"data.config={config} does not hold {src_lang} and {tgt_lang}; use data.config=<x>-<y>")
+        splits = dict(splits or {"train": "train", "val": "validation", "test": "test"})
+        corpus = HuggingFaceTranslation(src_lang, tgt_lang, root or hub, config, splits)
+        super().__init__(corpus, **options)
 
-    def tokenized_dir(self, corpus: Path) -> Path:
-        """Cache folder keyed by the content of every file used and the vocabulary size."""
-        langs = sorted((self.src_lang, self.tgt_lang))
-        digest = hashlib.sha256(f"v{CACHE_VERSION}-{self.vocab_size}".encode())
-        for split in MULTI30K_SPLITS:
-            for lang in langs:
-                digest.update(self._files(corpus, split, lang).read_bytes())
-        name = f"multi30k-{'-'.join(langs)}-bpe{self.vocab_size}-{digest.hexdigest()[:12]}"
-        return self.cache_dir / "tokenized" / name
 
-    def split_texts(self, split: str) -> tuple[list[str], list[str]]:
-        """Raw source and target lines of a corpus split (``train``, ``val`` or ``test``), aligned."""
-        if split not in MULTI30K_SPLITS:
-            raise ValueError(f"split={split!r} is not a Multi30k split; use one of {', '.join(MULTI30K_SPLITS)}")
-        corpus = self.corpus_dir()
-        return read_parallel(self._files(corpus, split, self.src_lang), self._files(corpus, split, self.tgt_lang))
+class TextDataModule(TranslationDataModule):
+    """Your own parallel text: ``train``, ``val`` and (optionally) ``test`` are each a pair of aligned
+    files ``[source, target]``, relative to ``root`` unless absolute."""
 
-    # -- Lightning hooks --------------------------------------------------------------------------
-    def prepare_data(self) -> None:
-        """Train the tokenizer and encode every split, unless the cache has them already."""
-        corpus, cache = self.locations()
-        model_file = cache / "spm.model"
-        langs = sorted((self.src_lang, self.tgt_lang))
-        if model_file.is_file():
-            tokenizer = Tokenizer(model_file)
-        else:
-            train = [read_lines(self._files(corpus, "train", lang)) for lang in langs]
-            log.info("training a %d-piece joint BPE model on %s", self.vocab_size, corpus)
-            tokenizer = Tokenizer.train((line for side in train for line in side), self.vocab_size, model_file)
-        for split in MULTI30K_SPLITS:
-            for lang in langs:
-                stem = cache / f"{split}.{lang}"
-                if not EncodedText.exists(stem):
-                    EncodedText.from_ids(tokenizer.encode(read_lines(self._files(corpus, split, lang)))).save(stem)
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.tokenizer is not None:
-            return
-        corpus, cache = self.locations()
-        self.tokenizer = Tokenizer(cache / "spm.model")
-        for role, split in self.split_names.items():
-            src_file, tgt_file = self._files(corpus, split, self.src_lang), self._files(corpus, split, self.tgt_lang)
-            _, tgt_text = read_parallel(src_file, tgt_file)  # also checks the alignment
-            src = EncodedText.load(cache / f"{split}.{self.src_lang}")
-            tgt = EncodedText.load(cache / f"{split}.{self.tgt_lang}")
-            limit = self.train_limit if role == "train" else self.eval_limit
-            indices = np.arange(min(len(src), limit or len(src)))
-            if role == "train":
-                indices = self._filter_training_pairs(src, tgt, indices, src_file)
-            self.datasets[role] = ParallelDataset(src, tgt, indices)
-            self.references[role] = [tgt_text[i] for i in indices]
-
-    def _filter_training_pairs(
-        self, src: EncodedText, tgt: EncodedText, indices: np.ndarray, src_file: Path
-    ) -> np.ndarray:
-        """Drop empty and over-long training pairs, and say how many."""
-        src_len, tgt_len = src.lengths[indices], tgt.lengths[indices]
-        empty = (src_len == 0) | (tgt_len == 0)
-        too_long = (src_len + 1 > self.max_len) | (tgt_len + 1 > self.max_len)
-        keep = ~(empty | too_long)
-        if not keep.all():
-            log.warning(
-                "%s: dropped %d empty and %d over-long (> data.max_len=%d tokens) training pairs of %d",
-                src_file,
-                int(empty.sum()),
-                int((too_long & ~empty).sum()),
-                self.max_len,
-                len(indices),
-            )
-        if not keep.any():
-            raise DataError(f"{src_file}: no training pair left after filtering; check the data and data.max_len")
-        return indices[keep]
-
-    def _loader(self, role: str, shuffle: bool, max_tokens: int) -> DataLoader:
-        assert self.tokenizer is not None, "call setup() first"
-        dataset = self.datasets[role]
-        tok = self.tokenizer
-        references = None if role == "train" else self.references[role]
-        return DataLoader(
-            dataset,
-            batch_sampler=TokenBudgetBatchSampler(dataset.sizes(), max_tokens, seed=self.seed, shuffle=shuffle),
-            collate_fn=Collator(tok.pad_id, tok.bos_id, tok.eos_id, references),
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
-            persistent_workers=self.num_workers > 0,
-        )
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", True, self.max_tokens)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("val", False, self.eval_max_tokens)
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader("test", False, self.eval_max_tokens)
+    def __init__(
+        self,
+        src_lang: str,
+        tgt_lang: str,
+        train: Sequence[str],
+        val: Sequence[str],
+        test: Sequence[str] | None = None,
+        root: str | None = None,
+        **options: Any,
+    ) -> None:
+        if src_lang == tgt_lang:
+            raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
+        files = {"train": train, "val": val, "test": test}
+        super().__init__(TextFiles(src_lang, tgt_lang, Path(root).expanduser() if root else None, files), **options)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,28 +15,33 @@ import torch
 from torch.utils.data import Dataset
 
 
+def token_dtype(vocab_size: int) -> np.dtype:
+    """The smallest id type for ``vocab_size`` pieces: 2 bytes per token up to 65536 (37000 for WMT14)."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.int32)
+
+
 @dataclass
 class EncodedText:
-    """Token ids of many sentences: sentence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``."""
+    """Token ids of many sentences: sentence ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
+
+    On disk: ``<stem>.tokens.npy`` (memory-mapped when loaded: every DataLoader worker and DDP rank
+    shares the page cache instead of holding a copy) and ``<stem>.offsets.npy``.
+    """
 
     tokens: np.ndarray
     offsets: np.ndarray
 
     @classmethod
-    def from_ids(cls, ids: Sequence[Sequence[int]]) -> EncodedText:
+    def from_ids(cls, ids: Sequence[Sequence[int]], dtype: np.dtype | type = np.int32) -> EncodedText:
         lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
         offsets = np.zeros(len(ids) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        tokens = np.fromiter((t for row in ids for t in row), dtype=np.int32, count=int(offsets[-1]))
+        tokens = np.fromiter((t for row in ids for t in row), dtype=dtype, count=int(offsets[-1]))
         return cls(tokens, offsets)
 
     def save(self, stem: Path) -> None:
-        """Write ``<stem>.tokens.npy`` and ``<stem>.offsets.npy``; the offsets last, as the commit mark."""
-        for suffix, array in (("tokens", self.tokens), ("offsets", self.offsets)):
-            # A unique temporary name: concurrent first runs never write into each other's file.
-            with tempfile.NamedTemporaryFile(dir=stem.parent, suffix=".npy", delete=False) as tmp:
-                np.save(tmp, array)
-            os.replace(tmp.name, stem.with_name(f"{stem.name}.{suffix}.npy"))
+        with EncodedTextWriter(stem, self.tokens.dtype) as writer:
+            writer.append(self.tokens, np.diff(self.offsets))
 
     @classmethod
     def load(cls, stem: Path) -> EncodedText:
@@ -57,6 +63,53 @@ class EncodedText:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.tokens[self.offsets[i] : self.offsets[i + 1]]
+
+
+class EncodedTextWriter:
+    """Writes an :class:`EncodedText` chunk by chunk, never holding a whole split in memory.
+
+    Tokens stream into a temporary file; :meth:`close` puts the ``.npy`` header in front and renames
+    the results into place, the offsets last: their presence marks a complete entry, and concurrent
+    writers (one per node) never write into each other's files.
+    """
+
+    def __init__(self, stem: Path, dtype: np.dtype) -> None:
+        self.stem, self.dtype = stem, np.dtype(dtype)
+        stem.parent.mkdir(parents=True, exist_ok=True)
+        # Closed by close() or, on failure, by __exit__, which also removes it.
+        self._raw = tempfile.NamedTemporaryFile(dir=stem.parent, prefix=f".{stem.name}.", delete=False)  # noqa: SIM115
+        self._lengths: list[np.ndarray] = []
+
+    def __enter__(self) -> EncodedTextWriter:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self._raw.close()
+            os.unlink(self._raw.name)
+
+    def append(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        self._raw.write(np.ascontiguousarray(tokens, dtype=self.dtype).tobytes())
+        self._lengths.append(np.asarray(lengths, dtype=np.int64))
+
+    def close(self) -> None:
+        self._raw.close()
+        lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        descr = np.lib.format.dtype_to_descr(self.dtype)
+        header = {"descr": descr, "fortran_order": False, "shape": (int(offsets[-1]),)}
+        with tempfile.NamedTemporaryFile(dir=self.stem.parent, suffix=".npy", delete=False) as out:
+            np.lib.format.write_array_header_1_0(out, header)
+            with open(self._raw.name, "rb") as raw:
+                shutil.copyfileobj(raw, out, 1 << 22)
+        os.unlink(self._raw.name)
+        os.replace(out.name, self.stem.with_name(f"{self.stem.name}.tokens.npy"))
+        with tempfile.NamedTemporaryFile(dir=self.stem.parent, suffix=".npy", delete=False) as out:
+            np.save(out, offsets)
+        os.replace(out.name, self.stem.with_name(f"{self.stem.name}.offsets.npy"))
 
 
 class ParallelDataset(Dataset):

@@ -1,12 +1,17 @@
-"""The token-budget batch sampler: sentences bucketed by length, batches bounded in tokens (§5.1)."""
+"""The token-budget batch sampler: sentences bucketed by length, batches bounded in tokens (§5.1),
+sharded over DDP ranks and resumable mid-epoch."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
+
+log = logging.getLogger(__name__)
 
 
 class SeededOrder(Sampler[int]):
@@ -42,9 +47,26 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     broken by the seeded permutation) and packed greedily, so batches hold similar lengths and waste
     little padding; the order of the batches is then shuffled. Everything depends only on
     (seed, epoch): two runs with the same seed see the same batches in the same order.
+
+    With ``num_replicas`` DDP ranks, rank ``r`` takes batches ``r, r + R, r + 2R, ...`` of the epoch's
+    order. ``even`` (training) leaves out the epoch's last ``len % R`` batches, different ones every
+    epoch, so that every rank makes the same number of steps; without it (evaluation) every batch is
+    used once and a rank may get one batch fewer.
+
+    The position in the epoch is resumable (:meth:`state_dict`): a run resumed from a mid-epoch
+    checkpoint continues with the next unseen batch, also on another number of ranks.
     """
 
-    def __init__(self, sizes: Sequence[int] | np.ndarray, max_tokens: int, seed: int = 0, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        num_replicas: int = 1,
+        rank: int = 0,
+        even: bool = True,
+    ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         if self.sizes.size == 0:
             raise ValueError("cannot batch an empty split")
@@ -54,9 +76,18 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
                 f"data.max_tokens={max_tokens} is smaller than the longest sentence ({longest} tokens); "
                 "raise data.max_tokens or lower data.max_len"
             )
-        self.max_tokens = max_tokens
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not one of {num_replicas} ranks")
+        self.max_tokens, self.num_replicas, self.rank, self.even = max_tokens, num_replicas, rank, even
         self.sampler = SeededOrder(len(self.sizes), seed, shuffle)
-        self._num_batches = len(self._pack(np.arange(len(self.sizes))))
+        # The number of batches does not depend on the order: packing sees the same sorted sizes.
+        self.total = len(self._pack(np.arange(len(self.sizes))))
+        if even and self.total < num_replicas:
+            raise ValueError(
+                f"the training split makes {self.total} batches, fewer than the {num_replicas} ranks; "
+                "lower data.max_tokens or use fewer devices"
+            )
+        self._resume: dict[str, int] | None = None  # the position a checkpoint left the epoch at
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -76,12 +107,75 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches.append(batch)
         return batches
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _usable(self, n: int) -> int:
+        """How many of ``n`` batches are shared out: all, or a multiple of the ranks when ``even``."""
+        return n - n % self.num_replicas if self.even else n
+
+    def epoch_batches(self) -> list[list[int]]:
+        """All ranks' batches of the current epoch, in the order they are shared out."""
         batches = self._pack(np.fromiter(self.sampler, dtype=np.int64, count=len(self.sizes)))
         if self.sampler.shuffle:
             permutation = torch.randperm(len(batches), generator=self.sampler.generator()).tolist()
             batches = [batches[i] for i in permutation]
-        yield from batches
+        return batches[: self._usable(len(batches))]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.epoch_batches()
+        start = self._resumed_position()
+        remaining = batches[start:]
+        yield from remaining[: self._usable(len(remaining))][self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
-        return self._num_batches
+        """This rank's batches in a whole epoch."""
+        return len(range(self.rank, self._usable(self.total), self.num_replicas))
+
+    # -- resuming ---------------------------------------------------------------------------------
+    def _resumed_position(self) -> int:
+        """Batches of the current epoch that a checkpoint says were used (0 when not resuming it)."""
+        if self._resume is not None and self._resume["epoch"] != self.sampler.epoch:
+            self._resume = None  # that epoch is over
+        return self._resume["position"] if self._resume is not None else 0
+
+    def _layout(self) -> dict[str, int]:
+        return {"pairs": len(self.sizes), "max_tokens": self.max_tokens, "seed": self.sampler.seed}
+
+    def state_dict(self, consumed: int) -> dict[str, int]:
+        """The position in the epoch after this rank has used ``consumed`` of its batches (as the
+        training loop counts them, also before a resume), as a position in all ranks' order."""
+        start = self._resumed_position()
+        counted = self._resume["consumed"] if self._resume is not None else 0
+        position = start + (consumed - counted) * self.num_replicas
+        return {"epoch": self.sampler.epoch, "position": position, "consumed": consumed, **self._layout()}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the checkpoint's epoch after its ``position``; a checkpoint of other data or
+        batching settings restarts the epoch instead (its position would mean other batches)."""
+        layout = {key: state.get(key) for key in self._layout()}
+        if layout != self._layout():
+            log.warning(
+                "the checkpoint's batches were made with %s, these with %s: its epoch restarts from the beginning",
+                layout,
+                self._layout(),
+            )
+            return
+        self.set_epoch(state["epoch"])
+        self._resume = {key: int(state[key]) for key in ("epoch", "position", "consumed")}
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader over a :class:`TokenBudgetBatchSampler` whose position is saved in checkpoints.
+
+    Lightning stores the ``state_dict`` of loaders that have one in every checkpoint and hands it back
+    before iterating when a run resumes. Batches are fetched ahead of training, so the sampler cannot
+    know how many were used; ``consumed`` (the training loop's count) tells it.
+    """
+
+    def __init__(self, *args: Any, consumed: Callable[[], int], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.consumed = consumed
+
+    def state_dict(self) -> dict[str, int]:
+        return self.batch_sampler.state_dict(self.consumed())
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.batch_sampler.load_state_dict(state)

@@ -36,8 +36,9 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.sp.get_piece_size()
 
-    def encode(self, lines: Sequence[str]) -> list[list[int]]:
-        return self.sp.encode(list(lines), out_type=int, num_threads=os.cpu_count() or 1)
+    def encode(self, lines: Sequence[str], threads: int | None = None) -> list[list[int]]:
+        """Ids of each line, encoded by ``threads`` native threads (default: one per CPU)."""
+        return self.sp.encode(list(lines), out_type=int, num_threads=threads or os.cpu_count() or 1)
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.sp.decode([list(row) for row in ids])

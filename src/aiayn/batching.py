@@ -1,0 +1,62 @@
+"""The effective batch: target tokens per optimizer step, whatever the number of devices (§5.1).
+
+The paper trains on batches of about 25000 source and 25000 target tokens, spread over 8 GPUs. With
+``tokens_per_step`` set, each optimizer step accumulates the gradients of enough per-device
+batches (``data.max_tokens`` tokens each, padding included) on all ranks to reach it, so one, two or
+64 devices train with the same batch, the same schedule and the same number of steps.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytorch_lightning as pl
+
+log = logging.getLogger(__name__)
+
+
+def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -> int:
+    """Per-device batches to accumulate so that ``world_size`` devices with ``max_tokens`` each make
+    about ``tokens_per_step`` tokens per optimizer step (the nearest whole number, at least one)."""
+    for key, value in (("tokens_per_step", tokens_per_step), ("data.max_tokens", max_tokens)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value} must be a positive whole number of tokens")
+    return max(1, round(tokens_per_step / (max_tokens * world_size)))
+
+
+def configure_batching(
+    trainer: pl.Trainer, tokens_per_step: int | None, max_tokens: int, every_steps: int | None
+) -> dict[str, Any]:
+    """Set the trainer's gradient accumulation from ``tokens_per_step`` and its validation interval
+    from ``every_steps`` (optimizer steps, which Lightning counts in batches); return what was chosen."""
+    world = trainer.world_size
+    if tokens_per_step is not None:
+        if trainer.accumulate_grad_batches != 1:
+            raise ValueError(
+                f"tokens_per_step={tokens_per_step} sets the gradient accumulation; remove "
+                f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}, or set tokens_per_step=null"
+            )
+        trainer.accumulate_grad_batches = accumulation_steps(tokens_per_step, max_tokens, world)
+    accumulation = trainer.accumulate_grad_batches
+    if every_steps is not None:
+        if not isinstance(every_steps, int) or every_steps < 1:
+            raise ValueError(f"checkpoint.every_steps={every_steps} must be a positive number of optimizer steps")
+        trainer.val_check_interval = every_steps * accumulation
+        trainer.check_val_every_n_epoch = None  # the interval may span epochs
+    batching = {
+        "world_size": world,
+        "max_tokens_per_device": max_tokens,
+        "accumulation": accumulation,
+        "max_tokens_per_step": max_tokens * world * accumulation,
+        "tokens_per_step": tokens_per_step,
+    }
+    log.info(
+        "batches: %d device(s) x %d tokens x %d accumulated = at most %d tokens per optimizer step%s",
+        world,
+        max_tokens,
+        accumulation,
+        batching["max_tokens_per_step"],
+        f" (tokens_per_step={tokens_per_step})" if tokens_per_step else "",
+    )
+    return batching
