@@ -54,3 +54,74 @@ def test_without_shuffling_batches_come_sorted_by_length(sizes: np.ndarray) -> N
 def test_a_sentence_longer_than_the_budget_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match=r"data\.max_tokens=50"):
         TokenBudgetBatchSampler([10, 80], max_tokens=50)
+
+
+def shards(sizes: np.ndarray, world: int, epoch: int = 0, **kwargs: object) -> list[list[list[int]]]:
+    """Every rank's batches of one epoch."""
+    samplers = [TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=world, rank=r, **kwargs) for r in range(world)]
+    for sampler in samplers:
+        sampler.set_epoch(epoch)
+    return [list(sampler) for sampler in samplers]
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_training_ranks_get_disjoint_batches_equal_in_number(sizes: np.ndarray, world: int) -> None:
+    total = len(TokenBudgetBatchSampler(sizes, 500, seed=3))
+    for epoch in (0, 1):
+        ranks = shards(sizes, world, epoch)
+        assert {len(batches) for batches in ranks} == {total // world}
+        assert all(len(TokenBudgetBatchSampler(sizes, 500, 3, True, world, r)) == total // world for r in range(world))
+        seen = [i for batches in ranks for batch in batches for i in batch]
+        assert len(seen) == len(set(seen))  # no pair twice in the epoch, on any rank
+        # only the epoch's last total % world batches are left out, and not always the same ones
+        assert len(seen) > len(sizes) - (world - 1) * 500 / 3
+    left_out = [set(range(len(sizes))) - {i for b in ranks for batch in b for i in batch} for ranks in
+                (shards(sizes, 3, 0), shards(sizes, 3, 1))]  # fmt: skip
+    assert left_out[0] != left_out[1] or not left_out[0]
+
+
+def test_the_sharded_order_is_the_single_process_order_dealt_out(sizes: np.ndarray) -> None:
+    single = list(TokenBudgetBatchSampler(sizes, 500, seed=3))
+    ranks = shards(sizes, 2)
+    assert ranks[0] == single[0 : 2 * len(ranks[0]) : 2] and ranks[1] == single[1 : 2 * len(ranks[1]) : 2]
+    assert shards(sizes, 2) == ranks  # deterministic from (seed, epoch)
+
+
+def test_evaluation_shards_cover_every_pair_once(sizes: np.ndarray) -> None:
+    ranks = shards(sizes, 3, shuffle=False, even=False)
+    seen = sorted(i for batches in ranks for batch in batches for i in batch)
+    assert seen == list(range(len(sizes)))
+
+
+@pytest.mark.parametrize(("world", "resumed_world"), [(1, 1), (2, 2), (2, 4), (4, 1)])
+def test_a_resumed_epoch_continues_with_the_next_unseen_batches(
+    sizes: np.ndarray, world: int, resumed_world: int
+) -> None:
+    epoch, consumed = 2, 5
+    ranks = shards(sizes, world, epoch)
+    saver = TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=world, rank=0)
+    saver.set_epoch(epoch)
+    state = saver.state_dict(consumed)  # each rank has used its first `consumed` batches
+    seen = {i for batches in ranks for batch in batches[:consumed] for i in batch}
+    resumed = []
+    for rank in range(resumed_world):
+        sampler = TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=resumed_world, rank=rank)
+        sampler.load_state_dict(state)
+        resumed.append(list(sampler))
+        sampler.set_epoch(epoch + 1)  # the next epoch is whole again
+        assert len(list(sampler)) == len(sampler)
+    rest = [i for batches in resumed for batch in batches for i in batch]
+    assert not seen & set(rest) and len(rest) == len(set(rest))
+    if resumed_world == world:  # the same batches as without the interruption
+        assert resumed == [batches[consumed:] for batches in ranks]
+    # a second save in the resumed epoch counts from where the first left off
+    again = TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=resumed_world, rank=0)
+    again.load_state_dict(state)
+    assert again.state_dict(consumed + 2)["position"] == consumed * world + 2 * resumed_world
+
+
+def test_a_checkpoint_of_other_batching_restarts_the_epoch(sizes: np.ndarray) -> None:
+    state = TokenBudgetBatchSampler(sizes, 500, seed=3).state_dict(4)
+    other = TokenBudgetBatchSampler(sizes, 400, seed=3)
+    other.load_state_dict(state)
+    assert len(list(other)) == len(other)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -103,6 +104,28 @@ def summed_over_ranks(
     if trainer.world_size > 1:
         rates = trainer.strategy.reduce(rates.to(pl_module.device), reduce_op="sum").cpu()
     return float(rates[0]), float(rates[1])
+
+
+class FinalCheckpoint(pl.Callback):
+    """Writes ``path`` (``last.ckpt``) from inside the training loop at its last step (``max_steps``
+    reached, or a callback such as Lightning's timer asked to stop).
+
+    Saved there, the checkpoint holds the loader's position in the epoch and the progress counters
+    as they are mid-epoch, so a run resumed from it continues with the next batch; a checkpoint saved
+    after ``fit`` returns marks the epoch as finished instead. ``saved_step`` says whether it was written.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.saved_step: int | None = None
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        done = 0 < trainer.max_steps <= trainer.global_step
+        if (done or trainer.should_stop) and self.saved_step != trainer.global_step:
+            trainer.save_checkpoint(self.path)
+            self.saved_step = trainer.global_step
 
 
 class RandomState(pl.Callback):

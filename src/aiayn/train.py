@@ -16,6 +16,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from aiayn.batching import configure_batching
 from aiayn.callbacks import (
+    FinalCheckpoint,
     RandomState,
     RunProgressBar,
     SelfContainedCheckpoints,
@@ -82,6 +83,7 @@ def train(
         auto_insert_metric_name=False,
     )
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
+    final = FinalCheckpoint(checkpoint_dir / "last.ckpt")
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
     trainer_kwargs = trainer_options(cfg.trainer)
@@ -93,6 +95,7 @@ def train(
             checkpoint,
             latest,
             periodic,
+            final,
             throughput,
             SelfContainedCheckpoints(resolved),
             RandomState(),
@@ -107,7 +110,7 @@ def train(
     results = None
     try:
         log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
-        results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput, resume)
+        results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput, final, resume)
         results["batch"] = batching
         results["data"] = datamodule.filtered
         results["wall_s"] = time.perf_counter() - start
@@ -127,13 +130,15 @@ def fit_and_test(
     datamodule: pl.LightningDataModule,
     checkpoint: ModelCheckpoint,
     throughput: TokenThroughput,
+    final: FinalCheckpoint,
     resume: Path | None = None,
 ) -> dict[str, Any]:
     """Fit (from ``resume`` when given), then validate and test the best checkpoint and test the
     average of the newest ones. Without a test split, the scores are the validation's."""
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
-    last = Path(checkpoint.dirpath) / "last.ckpt"
-    trainer.save_checkpoint(last)  # the final state, also when training stopped between validations
+    last = final.path
+    if final.saved_step != trainer.global_step:  # stopped otherwise (an epoch limit, nothing left to do)
+        trainer.save_checkpoint(last)
 
     best = checkpoint.best_model_path or str(last)
     val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]

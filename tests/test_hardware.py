@@ -1,0 +1,128 @@
+"""Hardware options: each composes into a Trainer set-up, SLURM renders a real submitit job, and the
+effective batch (tokens per optimizer step) holds for any number of devices."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from pytorch_lightning.plugins.environments import SLURMEnvironment
+from pytorch_lightning.strategies import DDPStrategy
+
+from aiayn.batching import accumulation_steps, configure_batching
+from aiayn.train import trainer_options
+from composed import compose_config
+
+EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
+    "cpu": ("cpu", 1, 1, "32-true", None),
+    "cpu_ddp": ("cpu", 2, 1, "32-true", "gloo"),
+    "gpu": ("gpu", 1, 1, "bf16-mixed", None),
+    "gpu8_ddp": ("gpu", 8, 1, "bf16-mixed", "nccl"),
+    "slurm": ("gpu", 8, 2, "bf16-mixed", "nccl"),
+}
+
+
+@pytest.mark.parametrize("option", sorted(EXPECTED))
+def test_every_hardware_option_composes_into_trainer_arguments(option: str) -> None:
+    cfg = compose_config("train", [f"hardware={option}"])
+    kwargs = trainer_options(cfg.trainer)
+    accelerator, devices, nodes, precision, backend = EXPECTED[option]
+    assert (kwargs["accelerator"], kwargs["devices"], kwargs.get("num_nodes", 1)) == (accelerator, devices, nodes)
+    assert kwargs["precision"] == precision
+    if backend is None:
+        assert kwargs["strategy"] == "auto"
+    else:
+        assert isinstance(kwargs["strategy"], DDPStrategy) and kwargs["strategy"]._process_group_backend == backend
+    if option == "slurm":
+        (environment,) = kwargs["plugins"]
+        assert isinstance(environment, SLURMEnvironment) and not environment.auto_requeue
+    if accelerator == "cpu":  # buildable here: a real Trainer with that many processes
+        trainer = pl.Trainer(**kwargs, logger=False, enable_checkpointing=False)
+        assert trainer.world_size == devices
+
+
+def test_fp16_is_one_override_away_from_bf16() -> None:
+    cfg = compose_config("train", ["hardware=gpu8_ddp", "trainer.precision=16-mixed"])
+    assert trainer_options(cfg.trainer)["precision"] == "16-mixed"
+
+
+def test_slurm_renders_a_submitit_job_of_nodes_times_gpus(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``aiayn-train -m hardware=slurm`` hands to sbatch, built by submitit from our launcher
+    config exactly as Hydra's submitit launcher builds it (no cluster needed)."""
+    import submitit
+
+    # submitit checks that it runs where SLURM's srun exists; this one is never called
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+
+    cfg = compose_config(
+        "train",
+        ["hardware=slurm", "trainer.num_nodes=2", "experiment=paper/base_wmt14_en_de", "hydra.launcher.partition=gpu"],
+    )
+    launcher = instantiate(cfg.hydra.launcher)
+    params = dict(launcher.params)
+    assert params["nodes"] == 2 and params["tasks_per_node"] == params["gpus_per_node"] == 8
+    executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm", slurm_max_num_timeout=params["max_num_timeout"])
+    base = set(OmegaConf.structured(BaseQueueConf).keys())
+    skip = {"submitit_folder", "max_num_timeout"}
+    executor.update_parameters(**{k if k in base else f"slurm_{k}": v for k, v in params.items() if k not in skip})
+    script = executor._executor._make_submission_file_text("python -u -m submitit.core._submit x", "uid")
+    expected = ["--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--cpus-per-task=8", "--partition=gpu",
+                "--job-name=paper_base_wmt14_en_de", "--signal=USR2@", "--open-mode=append", "--time=4320"]  # fmt: skip
+    for line in expected:
+        assert f"#SBATCH {line}" in script, line
+    assert "srun" in script
+    assert executor._executor.max_num_timeout == 20  # requeued up to 20 times, into the same run folder
+
+
+def test_slurm_without_multirun_refuses_to_train_on_the_login_node(tmp_path: Path) -> None:
+    done = subprocess.run(
+        ["aiayn-train", "hardware=slurm", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "add -m" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("world", "max_tokens", "expected"),
+    [(1, 3125, 8), (2, 3125, 4), (8, 3125, 1), (1, 4096, 6), (2, 4096, 3), (8, 4096, 1), (1, 25000, 1), (8, 200, 16)],
+)
+def test_accumulation_reaches_the_tokens_per_step_on_any_number_of_devices(
+    world: int, max_tokens: int, expected: int
+) -> None:
+    steps = accumulation_steps(25000, max_tokens, world)
+    assert steps == expected
+    # the nearest whole number of batches: no other count comes closer to 25000 tokens
+    assert all(abs(steps * max_tokens * world - 25000) <= abs(n * max_tokens * world - 25000) for n in range(1, 40))
+
+
+@pytest.mark.parametrize(("devices", "expected"), [(1, 8), (2, 4), (8, 1)])
+def test_a_real_trainer_gets_its_accumulation_from_its_world_size(devices: int, expected: int) -> None:
+    strategy = "ddp" if devices > 1 else "auto"
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1)
+    batching = configure_batching(trainer, tokens_per_step=25000, max_tokens=3125, every_steps=100)
+    assert trainer.accumulate_grad_batches == batching["accumulation"] == expected
+    assert batching["max_tokens_per_step"] == 25000 and batching["world_size"] == devices
+    assert trainer.val_check_interval == 100 * expected  # validation every 100 optimizer steps
+
+
+def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
+    trainer = pl.Trainer(accelerator="cpu", accumulate_grad_batches=4, logger=False, enable_checkpointing=False)
+    with pytest.raises(ValueError, match=r"tokens_per_step=25000 .*trainer\.accumulate_grad_batches=4"):
+        configure_batching(trainer, tokens_per_step=25000, max_tokens=3125, every_steps=None)
+    with pytest.raises(ValueError, match=r"tokens_per_step=0"):
+        accumulation_steps(0, 3125, 1)
+
+
+def test_the_paper_experiment_trains_25000_tokens_per_step_on_one_or_eight_gpus() -> None:
+    for hardware, accumulation in (("gpu", 8), ("gpu8_ddp", 1)):
+        cfg = compose_config("train", ["experiment=paper/base_wmt14_en_de", f"hardware={hardware}"])
+        devices = cfg.trainer.devices * cfg.trainer.get("num_nodes", 1)
+        assert accumulation_steps(cfg.tokens_per_step, cfg.data.max_tokens, devices) == accumulation
