@@ -33,7 +33,8 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
-    "data.root", "data.cache_dir", "data.num_workers", "hydra.", "logger", "progress", "dashboard.", "peak_tflops",
+    "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
+    "dashboard.", "peak_tflops", "callbacks", "resume", "hardware",
 )  # fmt: skip
 
 

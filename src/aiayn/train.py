@@ -101,6 +101,7 @@ def train(
             RandomState(),
             ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
             *display,
+            *(instantiate(callback) for callback in cfg.callbacks),
             *callbacks,
         ],
         logger=loggers,

@@ -261,10 +261,16 @@ class HuggingFaceTranslation(ParallelCorpus):
             try:
                 if (local / "dataset_dict.json").is_file():
                     self._data = datasets.load_from_disk(str(local))
+                elif local.is_dir():  # data files, split by their names; the Hub's layout: <config>/<split>-*
+                    subfolder = self.config if self.config and (local / self.config).is_dir() else None
+                    self._data = datasets.load_dataset(str(local), data_dir=subfolder)
                 else:
-                    self._data = datasets.load_dataset(str(local) if local.is_dir() else self.path, self.config)
+                    self._data = datasets.load_dataset(self.path, self.config)
             except (OSError, ValueError, datasets.exceptions.DatasetNotFoundError) as err:
-                raise DataError(f"could not load the dataset {self.path} ({self.config}): {err}") from None
+                raise DataError(
+                    f"could not load the dataset {self.path} ({self.config}): {err}; "
+                    "without a network, set data.root=<a local copy in the Hugging Face layout>"
+                ) from None
             for role, split in self.roles.items():
                 if split is not None and split not in self._data:
                     raise DataError(

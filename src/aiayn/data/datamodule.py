@@ -107,7 +107,9 @@ class TranslationDataModule(pl.LightningDataModule):
         """Cache folder keyed by the corpus content, the vocabulary size and the tokenizer sample."""
         if self._cache is None:
             langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
-            key = f"v{CACHE_VERSION}-{self.vocab_size}-{self.tokenizer_sample}-{self.corpus.fingerprint()}"
+            # The sample size counts only when it is a sample: a larger setting gives the same model.
+            sample = min(self.tokenizer_sample, self.corpus.size(self.split_names["train"]))
+            key = f"v{CACHE_VERSION}-{self.vocab_size}-{sample}-{self.corpus.fingerprint()}"
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
             self._cache = self.cache_dir / "tokenized" / f"{self.corpus.name}-{langs}-bpe{self.vocab_size}-{digest}"
         return self._cache

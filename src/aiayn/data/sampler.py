@@ -48,10 +48,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     little padding; the order of the batches is then shuffled. Everything depends only on
     (seed, epoch): two runs with the same seed see the same batches in the same order.
 
-    With ``num_replicas`` DDP ranks, rank ``r`` takes batches ``r, r + R, r + 2R, ...`` of the epoch's
-    order. ``even`` (training) leaves out the epoch's last ``len % R`` batches, different ones every
-    epoch, so that every rank makes the same number of steps; without it (evaluation) every batch is
-    used once and a rank may get one batch fewer.
+    With ``num_replicas`` DDP ranks and ``even`` (training), rank ``r`` takes batches ``r, r + R,
+    r + 2R, ...`` of the epoch's order, and the epoch's last ``len % R`` batches (different ones every
+    epoch) are left out, so that every rank makes the same number of steps. Without ``even``
+    (evaluation), every pair is used once: the pairs are dealt out one by one in length order and
+    each rank batches its own, so every rank gets work of similar lengths and at least one batch.
 
     The position in the epoch is resumable (:meth:`state_dict`): a run resumed from a mid-epoch
     checkpoint continues with the next unseen batch, also on another number of ranks.
@@ -80,8 +81,10 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             raise ValueError(f"rank {rank} is not one of {num_replicas} ranks")
         self.max_tokens, self.num_replicas, self.rank, self.even = max_tokens, num_replicas, rank, even
         self.sampler = SeededOrder(len(self.sizes), seed, shuffle)
+        if not even and len(self.sizes) < num_replicas:
+            raise ValueError(f"an evaluation split of {len(self.sizes)} pairs cannot give all {num_replicas} ranks one")
         # The number of batches does not depend on the order: packing sees the same sorted sizes.
-        self.total = len(self._pack(np.arange(len(self.sizes))))
+        self.total = len(self._pack(self._own(np.arange(len(self.sizes)))))
         if even and self.total < num_replicas:
             raise ValueError(
                 f"the training split makes {self.total} batches, fewer than the {num_replicas} ranks; "
@@ -107,26 +110,38 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         batches.append(batch)
         return batches
 
+    def _own(self, order: np.ndarray) -> np.ndarray:
+        """The pairs of ``order`` this rank batches: all of them when batches are dealt out (training),
+        every R-th in length order when pairs are (evaluation)."""
+        if self.even or self.num_replicas == 1:
+            return order
+        return order[np.argsort(self.sizes[order], kind="stable")][self.rank :: self.num_replicas]
+
     def _usable(self, n: int) -> int:
-        """How many of ``n`` batches are shared out: all, or a multiple of the ranks when ``even``."""
-        return n - n % self.num_replicas if self.even else n
+        """How many of ``n`` batches are dealt out: a multiple of the ranks."""
+        return n - n % self.num_replicas
 
     def epoch_batches(self) -> list[list[int]]:
-        """All ranks' batches of the current epoch, in the order they are shared out."""
-        batches = self._pack(np.fromiter(self.sampler, dtype=np.int64, count=len(self.sizes)))
+        """The batches of the current epoch: all ranks', in the order they are dealt out (training), or
+        this rank's own (evaluation)."""
+        batches = self._pack(self._own(np.fromiter(self.sampler, dtype=np.int64, count=len(self.sizes))))
         if self.sampler.shuffle:
             permutation = torch.randperm(len(batches), generator=self.sampler.generator()).tolist()
             batches = [batches[i] for i in permutation]
-        return batches[: self._usable(len(batches))]
+        return batches[: self._usable(len(batches))] if self.even else batches
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.epoch_batches()
-        start = self._resumed_position()
-        remaining = batches[start:]
+        if not self.even:
+            yield from batches
+            return
+        remaining = batches[self._resumed_position() :]
         yield from remaining[: self._usable(len(remaining))][self.rank :: self.num_replicas]
 
     def __len__(self) -> int:
         """This rank's batches in a whole epoch."""
+        if not self.even:
+            return self.total
         return len(range(self.rank, self._usable(self.total), self.num_replicas))
 
     # -- resuming ---------------------------------------------------------------------------------

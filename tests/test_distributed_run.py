@@ -1,0 +1,92 @@
+"""Real multi-process training on the CPU: 2 DDP ranks over gloo, and bf16 autocast."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
+from aiayn.train import train
+from batch_recorder import recorded
+from composed import compose_run_config
+
+pytestmark = pytest.mark.slow
+TESTS = Path(__file__).resolve().parent
+
+
+def small_run(root: Path, cache: Path) -> list[str]:
+    return [
+        "model=tiny",
+        f"data.root={root}",
+        f"data.cache_dir={cache}",
+        "data.vocab_size=1000",
+        "data.train_limit=400",
+        "data.eval_limit=24",
+        "data.max_tokens=500",
+        "logger=none",
+        "progress=quiet",
+        "decoding=greedy",
+        "dashboard.attention_every=0",
+        "checkpoint.average_last=0",
+        "trainer.log_every_n_steps=2",
+    ]
+
+
+def ddp_train(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
+    recorder = f"callbacks=[{{_target_:batch_recorder.BatchRecorder,folder:'{run_dir}'}}]"
+    command = ["aiayn-train", "hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder, *overrides]
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done
+
+
+def test_two_ddp_processes_train_on_disjoint_equal_shares_checkpoint_and_resume(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    overrides = small_run(multi30k_root, cache_dir)
+    first = ddp_train(run_dir, [*overrides, "trainer.max_steps=4"])
+    assert len([line for line in first.stdout.splitlines() if line.startswith("{")]) == 1  # rank 0 reports
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == 4 and results["batch"]["world_size"] == 2 and 0 <= results["test_bleu"] <= 100
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    assert len((run_dir / "test.hyp.txt").read_text().splitlines()) == 24  # both ranks' shares of the test set
+
+    # the same command in the same folder continues from last.ckpt (a requeued job)
+    ddp_train(run_dir, [*overrides, "trainer.max_steps=8"])
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == 8 and results["resumed_from"].endswith("last.ckpt")
+
+    ranks = [recorded(run_dir, rank) for rank in (0, 1)]
+    assert [[r["step"] for r in records] for records in ranks] == [list(range(8))] * 2  # equal, none repeated
+    shares = [[r["index"] for r in records] for records in ranks]
+    pairs = [set(i for batch in share for i in batch) for share in shares]
+    assert not pairs[0] & pairs[1]  # disjoint
+    assert all(len(share) == len(set(share)) for share in ([i for b in s for i in b] for s in shares))
+
+    # exactly what the sampler deals to each of 2 ranks, in epoch 0, before and after the resume
+    dm = Multi30kDataModule(root=str(multi30k_root), cache_dir=str(cache_dir), vocab_size=1000, train_limit=400)
+    dm.prepare_data()
+    dm.setup()
+    sizes = dm.datasets["train"].sizes()
+    for rank in (0, 1):
+        sampler = TokenBudgetBatchSampler(sizes, 500, seed=1, num_replicas=2, rank=rank)
+        assert len(sampler) > 8 and shares[rank] == list(sampler)[:8]
+
+
+def test_bf16_mixed_precision_trains_on_the_cpu(tmp_path: Path, multi30k_root: Path, cache_dir: Path) -> None:
+    overrides = [*small_run(multi30k_root, cache_dir), "trainer.precision=bf16-mixed", "trainer.max_steps=24"]
+    overrides += ["optim.warmup=8", "trainer.log_every_n_steps=1"]
+    results = train(compose_run_config(overrides), tmp_path, overrides)
+    assert results["steps"] == 24 and math.isfinite(results["val_ppl"])
+    with open(tmp_path / "csv" / "metrics.csv") as f:
+        losses = [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
+    assert len(losses) == 24 and all(map(math.isfinite, losses))
+    assert sum(losses[-4:]) < 0.9 * sum(losses[:4])  # it learns under bf16 autocast
