@@ -56,6 +56,8 @@ def test_two_ddp_processes_train_on_disjoint_equal_shares_checkpoint_and_resume(
     assert len([line for line in first.stdout.splitlines() if line.startswith("{")]) == 1  # rank 0 reports
     results = json.loads((run_dir / "results.json").read_text())
     assert results["steps"] == 4 and results["batch"]["world_size"] == 2 and 0 <= results["test_bleu"] <= 100
+    trained = [i for rank in (0, 1) for record in recorded(run_dir, rank) for i in record["index"]]
+    first_tokens = results["train_tokens"]
     assert (run_dir / "checkpoints" / "last.ckpt").is_file()
     assert len((run_dir / "test.hyp.txt").read_text().splitlines()) == 24  # both ranks' shares of the test set
 
@@ -76,6 +78,10 @@ def test_two_ddp_processes_train_on_disjoint_equal_shares_checkpoint_and_resume(
     dm.prepare_data()
     dm.setup()
     sizes = dm.datasets["train"].sizes()
+    # the first run's token count is both ranks' real tokens: source + EOS and target + EOS of every pair
+    train = dm.datasets["train"]
+    real = train.src.lengths[train.indices] + train.tgt.lengths[train.indices] + 2
+    assert first_tokens == int(real[trained].sum())
     for rank in (0, 1):
         sampler = TokenBudgetBatchSampler(sizes, 500, seed=1, num_replicas=2, rank=rank)
         assert len(sampler) > 8 and shares[rank] == list(sampler)[:8]

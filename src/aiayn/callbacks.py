@@ -34,8 +34,8 @@ class TokenThroughput(pl.Callback):
 
     Under DDP both are for all ranks together (:func:`summed_over_ranks`). Time spent in validation is
     excluded; data loading between steps is included, since a user waits for it. ``tokens`` and
-    ``seconds`` accumulate over this rank's run; ``tokens_per_s`` is all ranks' at the end. ``peak_tflops``
-    overrides the peak looked up from the device name (:data:`aiayn.hardware.PEAK_TFLOPS`).
+    ``seconds`` accumulate over this rank's run; ``all_tokens`` and ``tokens_per_s`` are all ranks' at
+    the end. ``peak_tflops`` overrides the peak looked up from the device name (:data:`aiayn.hardware.PEAK_TFLOPS`).
     """
 
     def __init__(self, peak_tflops: float | None = None) -> None:
@@ -43,7 +43,8 @@ class TokenThroughput(pl.Callback):
         self.peak: float | None = None
         self.tokens = 0
         self.seconds = 0.0
-        self.tokens_per_s = 0.0  # all ranks', at the end of training
+        self.all_tokens = 0  # all ranks' tokens and tokens per second, at the end of training
+        self.tokens_per_s = 0.0
         self._window_tokens = 0
         self._window_flops = 0.0
         self._window_seconds = 0.0
@@ -80,30 +81,30 @@ class TokenThroughput(pl.Callback):
         # The window spans exactly the batches between two flushes of the step metrics to the loggers.
         stepped = trainer.global_step != self._step
         self._step = trainer.global_step
-        if stepped and metrics_flushed_at(trainer, trainer.global_step) and self._window_seconds > 0:
-            tokens, flops = summed_over_ranks(
-                trainer, pl_module, self._window_tokens, self._window_flops, self._window_seconds
-            )
+        # Every rank decides alike here: the sum over ranks is a collective.
+        if stepped and metrics_flushed_at(trainer, trainer.global_step):
+            seconds = max(self._window_seconds, 1e-9)  # each rank's rates over its own time, summed over ranks
+            rates = (self._window_tokens / seconds, self._window_flops / seconds)
+            tokens, flops = summed_over_ranks(trainer, pl_module, *rates)
             pl_module.log("train/tokens_per_s", tokens, batch_size=1, prog_bar=True)
             if self.peak is not None:
                 pl_module.log("train/mfu", flops / (self.peak * trainer.world_size), batch_size=1)
             self._window_tokens, self._window_flops, self._window_seconds = 0, 0.0, 0.0
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The run's figure for results.json: every rank's tokens (each rank timed its own share).
-        self.tokens_per_s = summed_over_ranks(trainer, pl_module, self.tokens, 0.0, self.seconds)[0]
+        # The run's figures for results.json, all ranks' (each rank timed its own share).
+        rate = self.tokens / self.seconds if self.seconds else 0.0
+        tokens, self.tokens_per_s = summed_over_ranks(trainer, pl_module, self.tokens, rate)
+        self.all_tokens = round(tokens)
 
 
-def summed_over_ranks(
-    trainer: pl.Trainer, pl_module: pl.LightningModule, tokens: float, flops: float, seconds: float
-) -> tuple[float, float]:
-    """Tokens/s and FLOP/s of all DDP ranks together: each rank's rate over its own time, summed.
-
-    Called by every rank at the same step (a collective); a single process gets its own rates back."""
-    rates = torch.tensor([tokens, flops], dtype=torch.float64) / max(seconds, 1e-9)
+def summed_over_ranks(trainer: pl.Trainer, pl_module: pl.LightningModule, *values: float) -> list[float]:
+    """``values`` summed over all DDP ranks: a collective, which every rank calls at the same step; a
+    single process gets its own values back."""
+    totals = torch.tensor(values, dtype=torch.float64)
     if trainer.world_size > 1:
-        rates = trainer.strategy.reduce(rates.to(pl_module.device), reduce_op="sum").cpu()
-    return float(rates[0]), float(rates[1])
+        totals = trainer.strategy.reduce(totals.to(pl_module.device), reduce_op="sum").cpu()
+    return totals.tolist()
 
 
 class FinalCheckpoint(pl.Callback):

@@ -151,7 +151,7 @@ def fit_and_test(
         "decoding": OmegaConf.to_container(cfg.decoding, resolve=True),
         "steps": trainer.global_step,
         "epochs": trainer.current_epoch,
-        "train_tokens": throughput.tokens,
+        "train_tokens": throughput.all_tokens,
         "train_tokens_per_s": throughput.tokens_per_s,
         "best_checkpoint": str(Path(best).relative_to(run_dir)) if best else None,
         "resumed_from": str(resume) if resume else None,
