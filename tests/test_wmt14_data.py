@@ -14,6 +14,8 @@ import pytest
 
 from aiayn.data import DataError, TextDataModule, WMT14DataModule, encoding
 from aiayn.data.corpus import read_lines
+from aiayn.train import train
+from composed import compose_run_config
 
 
 @pytest.fixture(scope="module")
@@ -122,3 +124,20 @@ def test_any_two_aligned_files_are_a_corpus(sentences: dict[str, list[str]], tmp
     with pytest.raises(DataError, match=r"dev\.en has 40 lines but .*dev\.de has 2"):
         TextDataModule("en", "de", train=["train.en", "train.de"], val=["dev.en", "dev.de"], root=str(tmp_path),
                        cache_dir=str(tmp_path / "cache"), vocab_size=300).prepare_data()  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_corpus_without_a_test_split_trains_and_reports_validation_scores(
+    sentences: dict[str, list[str]], tmp_path: Path
+) -> None:
+    for name, rows in (("train", slice(0, 300)), ("dev", slice(300, 340))):
+        for lang in ("en", "de"):
+            (tmp_path / f"{name}.{lang}").write_text("".join(line + "\n" for line in sentences[lang][rows]))
+    overrides = [
+        "data=text", f"data.root={tmp_path}", "data.src_lang=en", "data.tgt_lang=de", "data.train=[train.en,train.de]",
+        "data.val=[dev.en,dev.de]", f"data.cache_dir={tmp_path / 'cache'}", "data.vocab_size=300", "model=tiny",
+        "logger=none", "progress=quiet", "decoding=greedy", "trainer.max_steps=3", "dashboard.attention_every=0",
+    ]  # fmt: skip
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides)
+    assert results["steps"] == 3 and 0 <= results["val_bleu"] <= 100 and "test_bleu" not in results
+    assert not (tmp_path / "run" / "test.hyp.txt").exists()

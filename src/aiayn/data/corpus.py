@@ -252,8 +252,16 @@ class HuggingFaceTranslation(ParallelCorpus):
         self.src_lang, self.tgt_lang, self.path, self.config = src_lang, tgt_lang, path, config
         self.roles = dict(splits)
         self._data: Any = None
+        self._files: dict[str, list[str]] | None = None  # a worker's: the Arrow files the parent loaded
 
     def dataset(self) -> Any:
+        if self._data is None and self._files is not None:
+            import datasets
+
+            self._data = {
+                split: datasets.concatenate_datasets([datasets.Dataset.from_file(name) for name in names])
+                for split, names in self._files.items()
+            }
         if self._data is None:
             import datasets  # imported on first use: it is slow to import and only WMT needs it
 
@@ -312,4 +320,10 @@ class HuggingFaceTranslation(ParallelCorpus):
         return f"{self.path} [{split}]"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_data": None}  # workers memory-map the Arrow files themselves
+        # Workers memory-map the Arrow files the parent loaded: no second resolution, no Hub request.
+        state = {**self.__dict__, "_data": None, "_files": self._files}
+        if self._data is not None:
+            files = {split: [f["filename"] for f in self._data[split].cache_files] for split in self.splits()}
+            if all(files.values()):
+                state["_files"] = files
+        return state
