@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
 from aiayn.train import train
@@ -35,6 +36,7 @@ def small_run(root: Path, cache: Path) -> list[str]:
         "dashboard.attention_every=0",
         "checkpoint.average_last=0",
         "trainer.log_every_n_steps=2",
+        "model.dropout=0.3",  # each rank draws its own dropout masks: resuming must restore each rank's state
     ]
 
 
@@ -72,6 +74,14 @@ def test_two_ddp_processes_train_on_disjoint_equal_shares_checkpoint_and_resume(
     pairs = [set(i for batch in share for i in batch) for share in shares]
     assert not pairs[0] & pairs[1]  # disjoint
     assert all(len(share) == len(set(share)) for share in ([i for b in s for i in b] for s in shares))
+
+    # the interrupted run ends with the weights of an uninterrupted one, on both ranks
+    whole_dir = tmp_path / "whole"
+    ddp_train(whole_dir, [*overrides, "trainer.max_steps=8"])
+    expected, actual = (
+        torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in (whole_dir, run_dir)
+    )
+    assert all(torch.equal(expected[name], actual[name]) for name in expected)
 
     # exactly what the sampler deals to each of 2 ranks, in epoch 0, before and after the resume
     dm = Multi30kDataModule(root=str(multi30k_root), cache_dir=str(cache_dir), vocab_size=1000, train_limit=400)

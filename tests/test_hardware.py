@@ -92,7 +92,7 @@ def test_slurm_without_multirun_refuses_to_train_on_the_login_node(tmp_path: Pat
 
 @pytest.mark.parametrize(
     ("world", "max_tokens", "expected"),
-    [(1, 3125, 8), (2, 3125, 4), (8, 3125, 1), (1, 4096, 6), (2, 4096, 3), (8, 4096, 1), (1, 25000, 1), (8, 200, 16)],
+    [(1, 3125, 8), (2, 3125, 4), (8, 3125, 1), (1, 4096, 6), (2, 4096, 3), (16, 1562, 1), (1, 25000, 1), (8, 200, 16)],
 )
 def test_accumulation_reaches_the_tokens_per_step_on_any_number_of_devices(
     world: int, max_tokens: int, expected: int
@@ -119,6 +119,15 @@ def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
         configure_batching(trainer, tokens_per_step=25000, max_tokens=3125, every_steps=None)
     with pytest.raises(ValueError, match=r"tokens_per_step=0"):
         accumulation_steps(0, 3125, 1)
+
+
+@pytest.mark.parametrize(("world", "max_tokens", "fitting"), [(16, 3125, 1562), (8, 4096, 3125), (3, 5000, 4167)])
+def test_a_batch_that_cannot_come_near_tokens_per_step_is_refused_with_the_fix(
+    world: int, max_tokens: int, fitting: int
+) -> None:
+    with pytest.raises(ValueError, match=rf"tokens_per_step=25000 is out of reach .* set data\.max_tokens={fitting}$"):
+        accumulation_steps(25000, max_tokens, world)
+    assert accumulation_steps(25000, fitting, world) * fitting * world == pytest.approx(25000, rel=0.1)
 
 
 def test_the_paper_experiment_trains_25000_tokens_per_step_on_one_or_eight_gpus() -> None:

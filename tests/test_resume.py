@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
 from aiayn.train import train
@@ -30,6 +31,7 @@ def settings(root: Path, cache: Path, *extra: str) -> list[str]:
         "checkpoint.average_last=0",
         "trainer.log_every_n_steps=1",
         "trainer.deterministic=true",
+        "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones
         *extra,
     ]
 
@@ -44,22 +46,53 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
-def test_resuming_mid_epoch_ends_with_the_weights_of_an_uninterrupted_run(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+class StopAtStep(pl.Callback):
+    """Asks the trainer to stop after ``step`` optimizer steps, as Lightning's timer does at max_time."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True
+
+
+@pytest.mark.parametrize(
+    ("stop", "how", "extra"),
+    [
+        (7, "max_steps", []),  # mid-epoch
+        (7, "asked", ["data.num_workers=1"]),  # a callback asks to stop (the timer's way), worker processes
+        ("epoch end", "max_steps", ["data.num_workers=1"]),  # exactly at the end of the first epoch
+        (5, "max_steps", ["trainer.accumulate_grad_batches=2"]),  # 10 of the first epoch's batches
+    ],
+)
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, stop: int | str, how: str, extra: list[str]
 ) -> None:
-    base = settings(multi30k_root, cache_dir)
+    base = settings(multi30k_root, cache_dir, *extra)
     whole, whole_dir = run(tmp_path, "whole", [*base, "trainer.max_steps=16"])
-    _, first_dir = run(tmp_path, "first", [*base, "trainer.max_steps=7"])
+    records = recorded(whole_dir)
+    per_epoch = max(record["step"] for record in records if record["epoch"] == 0) + 1  # optimizer steps
+    stop = per_epoch if stop == "epoch end" else stop
+    assert stop <= per_epoch < 16  # the stop is in (or at the end of) the first epoch; the run goes on
+    if how == "max_steps":
+        _, first_dir = run(tmp_path, "first", [*base, f"trainer.max_steps={stop}"])
+    else:
+        first_dir = tmp_path / "first"
+        overrides = [*base, "trainer.max_steps=16"]
+        recorder = BatchRecorder(str(first_dir))
+        train(compose_run_config(overrides), first_dir, overrides, callbacks=[recorder, StopAtStep(stop)])
     resume = f"resume={first_dir / 'checkpoints' / 'last.ckpt'}"
     second, second_dir = run(tmp_path, "second", [*base, "trainer.max_steps=16", resume])
 
-    batches = [record["index"] for record in recorded(whole_dir)]
-    per_epoch = sum(1 for record in recorded(whole_dir) if record["epoch"] == 0)
-    assert 7 < per_epoch < 16  # step 7 is inside the first epoch and the run crosses into the second
-    # the resumed run continues with the eighth batch and sees exactly the rest
-    assert [record["index"] for record in recorded(first_dir)] == batches[:7]
-    assert [record["index"] for record in recorded(second_dir)] == batches[7:]
+    batches = [record["index"] for record in records]
+    done = len(recorded(first_dir))
+    assert [record["step"] for record in recorded(first_dir)][-1] == stop - 1
+    # the resumed run continues with the next batch and sees exactly the rest
+    assert [record["index"] for record in recorded(first_dir)] == batches[:done]
+    assert [record["index"] for record in recorded(second_dir)] == batches[done:]
     assert second["steps"] == whole["steps"] == 16 and second["resumed_from"].endswith("last.ckpt")
+    assert second["train_tokens"] == whole["train_tokens"]  # counted over both parts
     expected, actual = weights(whole_dir), weights(second_dir)
     assert expected.keys() == actual.keys()
     for name in expected:

@@ -125,3 +125,11 @@ def test_a_checkpoint_of_other_batching_restarts_the_epoch(sizes: np.ndarray) ->
     other = TokenBudgetBatchSampler(sizes, 400, seed=3)
     other.load_state_dict(state)
     assert len(list(other)) == len(other)
+
+
+@pytest.mark.parametrize(("world", "group"), [(1, 4), (2, 3), (8, 2)])
+def test_an_epoch_holds_whole_optimizer_steps_of_accumulated_batches(sizes: np.ndarray, world: int, group: int) -> None:
+    total = len(TokenBudgetBatchSampler(sizes, 500, seed=3))
+    samplers = [TokenBudgetBatchSampler(sizes, 500, 3, True, world, r, group=group) for r in range(world)]
+    lengths = {len(list(sampler)) for sampler in samplers} | {len(sampler) for sampler in samplers}
+    assert lengths == {total // (world * group) * group}  # whole steps on every rank, as many as fit

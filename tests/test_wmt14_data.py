@@ -108,17 +108,34 @@ def test_missing_split_and_unknown_pair_are_clear_errors(sentences: dict[str, li
         WMT14DataModule(config="fr-en")
 
 
-def test_any_two_aligned_files_are_a_corpus(sentences: dict[str, list[str]], tmp_path: Path) -> None:
+def test_any_two_aligned_files_are_a_corpus(
+    sentences: dict[str, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, rows in (("train", slice(0, 300)), ("dev", slice(300, 340))):
         (tmp_path / f"{name}.en").write_text("".join(line + "\n" for line in sentences["en"][rows]))
         (tmp_path / f"{name}.de").write_text("".join(line + "\n" for line in sentences["de"][rows]))
+    monkeypatch.setattr(encoding, "CHUNK_PAIRS", 64)  # text is sent to 2 worker processes chunk by chunk
     dm = TextDataModule(
         "en", "de", train=["train.en", "train.de"], val=["dev.en", "dev.de"], root=str(tmp_path),
-        cache_dir=str(tmp_path / "cache"), vocab_size=300,
+        cache_dir=str(tmp_path / "cache"), vocab_size=300, encode_workers=2,
     )  # fmt: skip
     dm.prepare_data()
     dm.setup()
     assert dm.roles == ["train", "val"] and len(dm.datasets["train"]) == 300
+    train_en = dm.datasets["train"].src
+    assert [dm.tokenizer.decode([train_en[row].tolist()])[0] for row in (0, 130, 299)] == [
+        sentences["en"][row] for row in (0, 130, 299)
+    ]
+
+    # a lost tokenizer is trained again, and the ids of the old one are not reused
+    (dm.cache_folder() / "spm.model").unlink()
+    stamp = (dm.cache_folder() / "train.en.offsets.npy").stat().st_mtime_ns
+    again = TextDataModule(
+        "en", "de", train=["train.en", "train.de"], val=["dev.en", "dev.de"], root=str(tmp_path),
+        cache_dir=str(tmp_path / "cache"), vocab_size=300,
+    )  # fmt: skip
+    again.prepare_data()
+    assert (again.cache_folder() / "train.en.offsets.npy").stat().st_mtime_ns != stamp
     assert dm.split_texts("val") == (sentences["en"][300:340], sentences["de"][300:340])
     (tmp_path / "dev.de").write_text("eins\nzwei\n")
     with pytest.raises(DataError, match=r"dev\.en has 40 lines but .*dev\.de has 2"):

@@ -3,7 +3,8 @@
 The paper trains on batches of about 25000 source and 25000 target tokens, spread over 8 GPUs. With
 ``tokens_per_step`` set, each optimizer step accumulates the gradients of enough per-device
 batches (``data.max_tokens`` tokens each, padding included) on all ranks to reach it, so one, two or
-64 devices train with the same batch, the same schedule and the same number of steps.
+eight devices train with the same batch, the same schedule and the same number of steps. A setting
+that cannot come within 10% of it (too many devices for the per-device budget) is an error.
 """
 
 from __future__ import annotations
@@ -14,15 +15,25 @@ from typing import Any
 import pytorch_lightning as pl
 
 log = logging.getLogger(__name__)
+TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_per_step
 
 
 def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -> int:
     """Per-device batches to accumulate so that ``world_size`` devices with ``max_tokens`` each make
-    about ``tokens_per_step`` tokens per optimizer step (the nearest whole number, at least one)."""
+    about ``tokens_per_step`` tokens per optimizer step (the nearest whole number, at least one); an
+    error when that is more than :data:`TOLERANCE` away."""
     for key, value in (("tokens_per_step", tokens_per_step), ("data.max_tokens", max_tokens)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}={value} must be a positive whole number of tokens")
-    return max(1, round(tokens_per_step / (max_tokens * world_size)))
+    steps = max(1, round(tokens_per_step / (max_tokens * world_size)))
+    reached = steps * max_tokens * world_size
+    if abs(reached - tokens_per_step) > TOLERANCE * tokens_per_step:
+        fitting = round(tokens_per_step / (steps * world_size))
+        raise ValueError(
+            f"tokens_per_step={tokens_per_step} is out of reach with data.max_tokens={max_tokens} on {world_size} "
+            f"device(s) ({steps} x {max_tokens} x {world_size} = {reached}); set data.max_tokens={fitting}"
+        )
+    return steps
 
 
 def configure_batching(

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import RichProgressBar
+from pytorch_lightning.callbacks import Checkpoint, RichProgressBar
 
 from aiayn.checkpoints import RUN_KEY
 from aiayn.hardware import device_name, peak_flops
@@ -55,6 +55,9 @@ class TokenThroughput(pl.Callback):
         name = device_name(trainer.strategy.root_device)
         self.peak = peak_flops(name, str(trainer.precision), self.peak_tflops)
 
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._last = time.perf_counter()  # a run resumed mid-epoch starts no epoch
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = time.perf_counter()
 
@@ -91,6 +94,14 @@ class TokenThroughput(pl.Callback):
                 pl_module.log("train/mfu", flops / (self.peak * trainer.world_size), batch_size=1)
             self._window_tokens, self._window_flops, self._window_seconds = 0, 0.0, 0.0
 
+    def state_dict(self) -> dict[str, Any]:
+        # Totals continue over a resume: results.json counts the whole run, not its last part.
+        return {"ranks": gathered_from_ranks({"tokens": self.tokens, "seconds": self.seconds})}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        totals = own_share(saved["ranks"])
+        self.tokens, self.seconds = int(totals["tokens"]), float(totals["seconds"])
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The run's figures for results.json, all ranks' (each rank timed its own share).
         rate = self.tokens / self.seconds if self.seconds else 0.0
@@ -107,13 +118,15 @@ def summed_over_ranks(trainer: pl.Trainer, pl_module: pl.LightningModule, *value
     return totals.tolist()
 
 
-class FinalCheckpoint(pl.Callback):
+class FinalCheckpoint(Checkpoint):
     """Writes ``path`` (``last.ckpt``) from inside the training loop at its last step (``max_steps``
     reached, or a callback such as Lightning's timer asked to stop).
 
     Saved there, the checkpoint holds the loader's position in the epoch and the progress counters
     as they are mid-epoch, so a run resumed from it continues with the next batch; a checkpoint saved
     after ``fit`` returns marks the epoch as finished instead. ``saved_step`` says whether it was written.
+    As a :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other callbacks, the timer
+    of ``trainer.max_time`` included, and so sees their request to stop.
     """
 
     def __init__(self, path: Path) -> None:
@@ -134,7 +147,7 @@ class RandomState(pl.Callback):
 
     Dropout draws from them: without this, a resumed run would draw other masks than an uninterrupted
     one and end with other weights. The states are stored as tensors and ints, which
-    ``torch.load(weights_only=True)`` accepts. Every rank restores the saving rank's (rank 0's) states.
+    ``torch.load(weights_only=True)`` accepts. Each DDP rank keeps and restores its own states.
     """
 
     def state_dict(self) -> dict[str, Any]:
@@ -145,17 +158,40 @@ class RandomState(pl.Callback):
             "python": random.getstate(),
         }
         if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+            state["cuda"] = torch.cuda.get_rng_state()  # this rank's device
+        return {"ranks": gathered_from_ranks(state)}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        state = own_share(saved["ranks"])
         torch.set_rng_state(state["torch"])
         position, has_gauss, gauss = state["numpy"]["rest"]
         np.random.set_state(("MT19937", state["numpy"]["keys"].numpy().astype(np.uint32), position, has_gauss, gauss))
         version, internal, gauss_next = state["python"]
         random.setstate((version, tuple(internal), gauss_next))
-        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+def gathered_from_ranks(value: Any) -> list[Any]:
+    """Every DDP rank's ``value``, in rank order: a collective, as Lightning's checkpoint saving is
+    (every rank builds the checkpoint, rank 0 writes it); ``[value]`` in a single process."""
+    if not distributed():
+        return [value]
+    values: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+def own_share(values: list[Any]) -> Any:
+    """This rank's entry of :func:`gathered_from_ranks`'s list; rank 0's when the run was saved on fewer
+    ranks than it resumes on."""
+    rank = torch.distributed.get_rank() if distributed() else 0
+    return values[rank] if rank < len(values) else values[0]
+
+
+def distributed() -> bool:
+    """Whether this process is one of several DDP ranks."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 class SelfContainedCheckpoints(pl.Callback):

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.callbacks import metrics_flushed_at
+from aiayn.callbacks import gathered_from_ranks, metrics_flushed_at
 from aiayn.model import Transformer, TransformerConfig, translate_ids
 from aiayn.model.decoding import check_decoding
 from aiayn.schedule import NoamSchedule
@@ -140,11 +140,9 @@ class TranslationModule(pl.LightningModule):
 
     def on_test_epoch_end(self) -> None:
         self._log_evaluation("test")
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # Each DDP rank translated its share of the test set; every rank gets all hypotheses.
-            shares: list[dict[int, str] | None] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(shares, self.test_hypotheses)
-            self.test_hypotheses = {i: text for share in shares for i, text in (share or {}).items()}
+        # Each DDP rank translated its share of the test set; every rank gets all hypotheses.
+        shares = gathered_from_ranks(self.test_hypotheses)
+        self.test_hypotheses = {i: text for share in shares for i, text in share.items()}
 
     # -- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:

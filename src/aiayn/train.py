@@ -70,9 +70,19 @@ def train(
         mode=cfg.checkpoint.mode,
         save_top_k=1,
         auto_insert_metric_name=False,
+        # written at validations only (an end-of-epoch save marks the epoch done: not resumable mid-epoch);
+        # a resumed run rewrites its own files, never best-v1.ckpt
+        enable_version_counter=False,
+        save_on_train_epoch_end=False,
     )
     # Lightning's save_last only follows saves of the best; this one rewrites last.ckpt at every validation.
-    latest = ModelCheckpoint(dirpath=checkpoint_dir, filename="last", save_top_k=1)
+    latest = ModelCheckpoint(
+        dirpath=checkpoint_dir,
+        filename="last",
+        save_top_k=1,
+        enable_version_counter=False,
+        save_on_train_epoch_end=False,
+    )
     # The newest keep_last validations' weights, for averaging (§6.1): "top k" by step keeps the newest.
     periodic = ModelCheckpoint(
         dirpath=checkpoint_dir,
@@ -81,6 +91,8 @@ def train(
         mode="max",
         save_top_k=cfg.checkpoint.keep_last,
         auto_insert_metric_name=False,
+        enable_version_counter=False,
+        save_on_train_epoch_end=False,
     )
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     final = FinalCheckpoint(checkpoint_dir / "last.ckpt")
@@ -153,14 +165,16 @@ def fit_and_test(
         "epochs": trainer.current_epoch,
         "train_tokens": throughput.all_tokens,
         "train_tokens_per_s": throughput.tokens_per_s,
-        "best_checkpoint": str(Path(best).relative_to(run_dir)) if best else None,
+        # relative to the run folder, unless it lies in the folder of the run this one resumed
+        "best_checkpoint": str(Path(best).relative_to(run_dir) if Path(best).is_relative_to(run_dir) else best),
         "resumed_from": str(resume) if resume else None,
     }
     if "test" not in datamodule.roles:
         return results
     test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
     references = datamodule.references["test"]
-    test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt")
+    write = trainer.is_global_zero  # every rank has all hypotheses and scores; one writes them
+    test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt" if write else None)
     results.update(
         test_bleu=test_scores["sacrebleu"],
         test_chrf=test_scores["chrf"],
@@ -175,7 +189,8 @@ def fit_and_test(
             save_checkpoint(average_checkpoints(sources), averaged)
         trainer.strategy.barrier("averaged checkpoint written")
         trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False)
-        scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.averaged.hyp.txt")
+        output = run_dir / "test.averaged.hyp.txt" if write else None
+        scores = score_hypotheses(module.test_hypotheses, references, output)
         results["test_bleu_averaged"] = scores["sacrebleu"]
         results["test_chrf_averaged"] = scores["chrf"]
         results["averaged_checkpoints"] = [source.name for source in sources]
@@ -222,11 +237,12 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         )
 
 
-def score_hypotheses(hypotheses: dict[int, str], references: list[str], output: Path) -> dict[str, Any]:
-    """Scores of the test hypotheses, which are written in corpus order to ``output``."""
+def score_hypotheses(hypotheses: dict[int, str], references: list[str], output: Path | None) -> dict[str, Any]:
+    """Scores of the test hypotheses, which are written in corpus order to ``output`` (unless None)."""
     missing = len(references) - len(hypotheses)
     if missing:
         raise RuntimeError(f"{missing} of {len(references)} test sentences were not translated")
     ordered = [hypotheses[i] for i in range(len(references))]
-    output.write_text("".join(line + "\n" for line in ordered), encoding="utf-8")
+    if output is not None:
+        output.write_text("".join(line + "\n" for line in ordered), encoding="utf-8")
     return corpus_scores(ordered, references)

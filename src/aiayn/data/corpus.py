@@ -114,6 +114,7 @@ class ParallelCorpus(ABC):
     src_lang: str
     tgt_lang: str
     roles: dict[str, str | None]  # role → split name; a role mapped to None is absent (no test split)
+    readable_by_workers = False  # True: worker processes read rows themselves (memory-mapped data)
 
     def splits(self) -> list[str]:
         """The splits to encode: those with a role."""
@@ -245,6 +246,7 @@ class HuggingFaceTranslation(ParallelCorpus):
     """
 
     name = "hf"
+    readable_by_workers = True
 
     def __init__(
         self, src_lang: str, tgt_lang: str, path: str, config: str | None, splits: Mapping[str, str | None]

@@ -136,6 +136,8 @@ class TranslationDataModule(pl.LightningDataModule):
         calls this on one process per node; the other ranks wait and then load the cache)."""
         model_file = self.cache_folder() / "spm.model"
         if not model_file.is_file():
+            for stale in self.cache_folder().glob("*.offsets.npy"):  # ids of a lost model: encode again
+                stale.unlink()
             self._train_tokenizer(model_file)
         dtype = token_dtype(self.vocab_size)
         for split in self.corpus.splits():
@@ -212,7 +214,8 @@ class TranslationDataModule(pl.LightningDataModule):
         world, rank = self._ranks()
         training = role == "train"
         sizes = self.datasets[role].sizes()
-        return TokenBudgetBatchSampler(sizes, max_tokens, self.seed, training, world, rank, even=training)
+        group = self.trainer.accumulate_grad_batches if training and self.trainer is not None else 1
+        return TokenBudgetBatchSampler(sizes, max_tokens, self.seed, training, world, rank, training, group)
 
     def _collator(self, role: str) -> Collator:
         assert self.tokenizer is not None, "call setup() first"
@@ -235,9 +238,14 @@ class TranslationDataModule(pl.LightningDataModule):
         return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
     def train_dataloader(self) -> DataLoader:
+        sampler = self._sampler("train", self.max_tokens)
+        if self.trainer is not None:
+            # Lightning starts iterating (and worker processes start drawing batches) before it sets the
+            # epoch; a run resumed at an epoch boundary must not replay epoch 0's order.
+            sampler.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
         return ResumableDataLoader(
             self.datasets["train"],
-            batch_sampler=self._sampler("train", self.max_tokens),
+            batch_sampler=sampler,
             collate_fn=self._collator("train"),
             consumed=self._consumed_batches,
             **self._loader_options(),

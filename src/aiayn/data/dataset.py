@@ -32,18 +32,6 @@ class EncodedText:
     offsets: np.ndarray
 
     @classmethod
-    def from_ids(cls, ids: Sequence[Sequence[int]], dtype: np.dtype | type = np.int32) -> EncodedText:
-        lengths = np.fromiter((len(row) for row in ids), dtype=np.int64, count=len(ids))
-        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        tokens = np.fromiter((t for row in ids for t in row), dtype=dtype, count=int(offsets[-1]))
-        return cls(tokens, offsets)
-
-    def save(self, stem: Path) -> None:
-        with EncodedTextWriter(stem, self.tokens.dtype) as writer:
-            writer.append(self.tokens, np.diff(self.offsets))
-
-    @classmethod
     def load(cls, stem: Path) -> EncodedText:
         return cls(
             np.load(stem.with_name(f"{stem.name}.tokens.npy"), mmap_mode="r"),

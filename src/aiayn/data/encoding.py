@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from aiayn.cpus import available_cpus
 from aiayn.data.corpus import ParallelCorpus
 from aiayn.data.dataset import EncodedTextWriter
 from aiayn.data.tokenizer import Tokenizer
@@ -37,12 +39,25 @@ def flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarr
     return tokens, lengths
 
 
-def _encode_rows(job: tuple[str, int, int, str]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    split, start, stop, dtype = job
-    corpus, tokenizer = _state["corpus"], _state["tokenizer"]
-    assert isinstance(corpus, ParallelCorpus) and isinstance(tokenizer, Tokenizer)
-    sides = corpus.read(split, np.arange(start, stop))
-    return tuple(flatten(tokenizer.encode(side, threads=1), np.dtype(dtype)) for side in sides)
+@dataclass(frozen=True)
+class Rows:
+    """Rows ``start:stop`` of ``split``, for a worker that reads them itself."""
+
+    split: str
+    start: int
+    stop: int
+
+
+def _encode_rows(job: tuple[object, str]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Ids of one chunk: ``job`` is (rows or the chunk's (source, target) text, token dtype)."""
+    chunk, dtype = job
+    tokenizer = _state["tokenizer"]
+    assert isinstance(tokenizer, Tokenizer)
+    if isinstance(chunk, Rows):
+        corpus = _state["corpus"]
+        assert isinstance(corpus, ParallelCorpus)
+        chunk = corpus.read(chunk.split, np.arange(chunk.start, chunk.stop))
+    return tuple(flatten(tokenizer.encode(side, threads=1), np.dtype(dtype)) for side in chunk)
 
 
 def encode_split(
@@ -56,8 +71,15 @@ def encode_split(
     """Encode ``split`` of ``corpus`` with the sentencepiece model ``model_file`` into the cache entries
     ``stems`` (source, target), using ``workers`` processes (default: one per CPU)."""
     n = corpus.size(split)
-    jobs = [(split, start, min(start + CHUNK_PAIRS, n), np.dtype(dtype).str) for start in range(0, n, CHUNK_PAIRS)]
-    workers = min(workers or os.cpu_count() or 1, len(jobs))
+    ranges = [(start, min(start + CHUNK_PAIRS, n)) for start in range(0, n, CHUNK_PAIRS)]
+    workers = min(workers or available_cpus(), len(ranges))
+    # Memory-mapped corpora are read by the workers themselves; text held in this process is sent
+    # chunk by chunk, so that no worker holds a whole corpus.
+    chunks: Iterable[object] = (
+        (Rows(split, start, stop) if corpus.readable_by_workers else corpus.read(split, np.arange(start, stop)))
+        for start, stop in ranges
+    )
+    jobs = ((chunk, np.dtype(dtype).str) for chunk in chunks)
     log.info("encoding %d pairs of %s in %d process(es)", n, corpus.where(split), workers)
     with EncodedTextWriter(stems[0], dtype) as src_out, EncodedTextWriter(stems[1], dtype) as tgt_out:
 
@@ -73,8 +95,8 @@ def encode_split(
             finally:
                 _state.clear()
             return
-        # forkserver: workers fork from a clean server process, not from a trainer with live threads.
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        # fork on Linux, as DataLoader workers: a worker starts at once, and the caller's script is not
+        # imported again (spawn and forkserver re-run an unguarded script in every worker).
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
         with context.Pool(workers, initializer=_start_worker, initargs=(corpus, model_file)) as pool:
             write(pool.imap(_encode_rows, jobs))

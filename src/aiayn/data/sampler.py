@@ -53,6 +53,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     epoch) are left out, so that every rank makes the same number of steps. Without ``even``
     (evaluation), every pair is used once: the pairs are dealt out one by one in length order and
     each rank batches its own, so every rank gets work of similar lengths and at least one batch.
+    ``group``: the batches each rank accumulates into one optimizer step; a training epoch is cut to a
+    multiple of ranks × group, so no optimizer step (and no validation interval) straddles two epochs.
 
     The position in the epoch is resumable (:meth:`state_dict`): a run resumed from a mid-epoch
     checkpoint continues with the next unseen batch, also on another number of ranks.
@@ -67,6 +69,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         even: bool = True,
+        group: int = 1,
     ) -> None:
         self.sizes = np.asarray(sizes, dtype=np.int64)
         if self.sizes.size == 0:
@@ -80,15 +83,16 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not one of {num_replicas} ranks")
         self.max_tokens, self.num_replicas, self.rank, self.even = max_tokens, num_replicas, rank, even
+        self.group = group
         self.sampler = SeededOrder(len(self.sizes), seed, shuffle)
         if not even and len(self.sizes) < num_replicas:
             raise ValueError(f"an evaluation split of {len(self.sizes)} pairs cannot give all {num_replicas} ranks one")
         # The number of batches does not depend on the order: packing sees the same sorted sizes.
         self.total = len(self._pack(self._own(np.arange(len(self.sizes)))))
-        if even and self.total < num_replicas:
+        if even and self.total < num_replicas * group:
             raise ValueError(
-                f"the training split makes {self.total} batches, fewer than the {num_replicas} ranks; "
-                "lower data.max_tokens or use fewer devices"
+                f"the training split makes {self.total} batches, fewer than the {num_replicas} rank(s) x {group} "
+                "accumulated batches of one optimizer step; lower data.max_tokens or tokens_per_step"
             )
         self._resume: dict[str, int] | None = None  # the position a checkpoint left the epoch at
 
@@ -118,8 +122,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return order[np.argsort(self.sizes[order], kind="stable")][self.rank :: self.num_replicas]
 
     def _usable(self, n: int) -> int:
-        """How many of ``n`` batches are dealt out: a multiple of the ranks."""
-        return n - n % self.num_replicas
+        """How many of ``n`` batches are dealt out: a multiple of ranks × group."""
+        return n - n % (self.num_replicas * self.group)
 
     def epoch_batches(self) -> list[list[int]]:
         """The batches of the current epoch: all ranks', in the order they are dealt out (training), or

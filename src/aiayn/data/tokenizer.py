@@ -9,6 +9,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from aiayn.cpus import available_cpus
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
@@ -38,7 +40,7 @@ class Tokenizer:
 
     def encode(self, lines: Sequence[str], threads: int | None = None) -> list[list[int]]:
         """Ids of each line, encoded by ``threads`` native threads (default: one per CPU)."""
-        return self.sp.encode(list(lines), out_type=int, num_threads=threads or os.cpu_count() or 1)
+        return self.sp.encode(list(lines), out_type=int, num_threads=threads or available_cpus())
 
     def decode(self, ids: Sequence[Sequence[int]]) -> list[str]:
         return self.sp.decode([list(row) for row in ids])
@@ -62,7 +64,7 @@ class Tokenizer:
                 unk_id=UNK_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
-                num_threads=os.cpu_count() or 1,
+                num_threads=available_cpus(),
                 minloglevel=2,
             )
             os.replace(prefix + ".model", model_file)
