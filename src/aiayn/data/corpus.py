@@ -170,7 +170,7 @@ class _TextPairs(ParallelCorpus):
         return str(self.files(split, self.src_lang))
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_text": {}}  # workers read the files themselves
+        return {**self.__dict__, "_text": {}}  # encoding workers get the text chunk by chunk, never all of it
 
 
 class Multi30k(_TextPairs):

@@ -71,6 +71,8 @@ class TranslationDataModule(pl.LightningDataModule):
         eval_limit: int | None = None,
     ) -> None:
         super().__init__()
+        if corpus.src_lang == corpus.tgt_lang:
+            raise ValueError(f"data.src_lang and data.tgt_lang are both {corpus.src_lang!r}; choose two languages")
         if max_len_ratio is not None and max_len_ratio < 1:
             raise ValueError(f"data.max_len_ratio={max_len_ratio} must be at least 1 (or null: no ratio filter)")
         if tokenizer_sample < 1:
@@ -279,8 +281,6 @@ class Multi30kDataModule(TranslationDataModule):
         test_split: str = "test",
         **options: Any,
     ) -> None:
-        if src_lang == tgt_lang:
-            raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
         cache = Path(options["cache_dir"]).expanduser() if options.get("cache_dir") else default_cache_dir()
         root_path = Path(root).expanduser() if root else None
         super().__init__(Multi30k(src_lang, tgt_lang, root_path, cache, val_split, test_split), **options)
@@ -302,8 +302,6 @@ class WMT14DataModule(TranslationDataModule):
         splits: dict[str, str | None] | None = None,
         **options: Any,
     ) -> None:
-        if src_lang == tgt_lang:
-            raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
         pair = set(config.split("-"))
         if {src_lang, tgt_lang} != pair:
             raise ValueError(f"data.config={config} does not hold {src_lang} and {tgt_lang}; use data.config=<x>-<y>")
@@ -326,7 +324,5 @@ class TextDataModule(TranslationDataModule):
         root: str | None = None,
         **options: Any,
     ) -> None:
-        if src_lang == tgt_lang:
-            raise ValueError(f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages")
         files = {"train": train, "val": val, "test": test}
         super().__init__(TextFiles(src_lang, tgt_lang, Path(root).expanduser() if root else None, files), **options)
