@@ -9,13 +9,12 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 
-from aiayn.config import config_dir, module_kwargs
+from aiayn.config import compose_config, config_dir, module_kwargs
 from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.module import TranslationModule
 from aiayn.train import check_checkpointing, trainer_options
-from composed import compose_config
 
 CONF = Path(config_dir())
 

@@ -18,13 +18,13 @@ from PIL import Image
 from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
 from tensorboardX.proto import event_pb2
 
+from aiayn.config import compose_run_config
 from aiayn.dashboard import ascii_label, attention_image
 from aiayn.data.corpus import read_lines
 from aiayn.hardware import peak_flops
 from aiayn.loggers import RunIdentity, WandbRunLogger, build_loggers, run_identity, wandb_mode
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
 from aiayn.train import progress_style, train
-from composed import compose_run_config
 from wandb_records import offline_runs
 
 KINDS = ("encoder_self", "decoder_self", "cross")
@@ -217,8 +217,8 @@ def test_wandb_mode_follows_the_environment_and_the_credentials(
 def test_run_names_keep_what_changes_the_model_and_groups_follow_the_sweep() -> None:
     overrides = ["model=base", "data.root=/data", "+logger.wandb.entity=me", "hydra.verbose=true", "seed=2"]
     assert run_identity("base_wmt14", overrides) == RunIdentity("base_wmt14 model=base seed=2", "base_wmt14")
-    assert run_identity("table3_A", ["experiment=table3/A", "peak_tflops=989"], "2026-11-29_10-00-00") == RunIdentity(
-        "table3_A", "multirun/2026-11-29_10-00-00"
+    assert run_identity("table3_A1", ["experiment=table3/A1", "peak_tflops=989"], "sweep/heads") == RunIdentity(
+        "table3_A1", "sweep/heads"
     )
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn.config import compose_run_config
 from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
 from aiayn.train import train
 from batch_recorder import recorded
-from composed import compose_run_config
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent

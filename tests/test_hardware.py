@@ -15,8 +15,8 @@ from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 
 from aiayn.batching import accumulation_steps, configure_batching
+from aiayn.config import compose_config
 from aiayn.train import trainer_options
-from composed import compose_config
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
     "cpu": ("cpu", 1, 1, "32-true", None),

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 
 from aiayn.cli.summary import summarize
+from aiayn.config import compose_config
 from aiayn.model import Transformer, TransformerConfig, count_parameters, forward_flops
-from composed import compose_config
 
 
 @pytest.mark.parametrize(("model", "paper_millions"), [("base", 65), ("big", 213)])

@@ -8,9 +8,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from aiayn.config import compose_run_config
 from aiayn.train import train
 from batch_recorder import BatchRecorder, recorded
-from composed import compose_run_config
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import datasets
 import numpy as np
 import pytest
 
+from aiayn.config import compose_run_config
 from aiayn.data import DataError, TextDataModule, WMT14DataModule, encoding
 from aiayn.data.corpus import read_lines
 from aiayn.train import train
-from composed import compose_run_config
 
 
 @pytest.fixture(scope="module")

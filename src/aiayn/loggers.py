@@ -6,6 +6,7 @@ an account or a network records everything too; ``wandb sync`` uploads it later.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import netrc
 import os
@@ -34,8 +35,9 @@ META_KEY = "aiayn"  # the dashboard config's entry for what the composed config 
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
     "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
-    "dashboard.", "peak_tflops", "callbacks", "resume", "hardware",
+    "dashboard.", "peak_tflops", "callbacks", "resume", "hardware", "sweep_dir",
 )  # fmt: skip
+MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
 
 
 def wandb_credentials() -> str | None:
@@ -168,18 +170,34 @@ class RunIdentity:
     group: str
 
 
-def run_identity(experiment: str, overrides: Sequence[str], sweep: str | None = None) -> RunIdentity:
-    """Name a run after its experiment and the overrides that change what it trains; group it by
-    experiment, and the jobs of one Hydra multirun by that multirun (``multirun/<start time>``), so a
-    sweep's runs sit together even when they sweep over experiments or models."""
+def defining_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run trains: not where it reads and writes, nor how it reports."""
     kept = []
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if key in ("experiment", "name", "tags") or key.startswith(NOT_IN_RUN_NAMES):
+        if key in ("name", "tags") or key.startswith(NOT_IN_RUN_NAMES):
             continue
         kept.append(override)
-    name = " ".join([experiment, *kept])
-    return RunIdentity(name=name, group=f"multirun/{sweep}" if sweep else experiment)
+    return kept
+
+
+def run_identity(experiment: str, overrides: Sequence[str], group: str | None = None) -> RunIdentity:
+    """Name a run after its experiment and the overrides that change what it trains; group it by
+    ``group`` (a Hydra multirun's or a sweep's, so that their runs sit together even when they vary the
+    experiment or the model), else by experiment."""
+    kept = [override for override in defining_overrides(overrides) if not override.startswith("experiment=")]
+    return RunIdentity(name=" ".join([experiment, *kept]), group=group or experiment)
+
+
+def run_label(overrides: Sequence[str]) -> str:
+    """A folder name for a sweep's trial: its defining overrides, ``key=value`` joined by commas
+    (``experiment=mini_A1,seed=2``); path separators become ``_``, and a label too long for a file name
+    keeps its start and gains a hash of the whole."""
+    label = ",".join(defining_overrides(overrides)).replace(os.sep, "_") or "defaults"
+    if len(label.encode()) > MAX_LABEL_BYTES:
+        digest = hashlib.sha1(label.encode()).hexdigest()[:10]
+        label = label.encode()[: MAX_LABEL_BYTES - 11].decode(errors="ignore") + "-" + digest
+    return label
 
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:

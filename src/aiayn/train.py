@@ -38,13 +38,13 @@ def train(
     cfg: DictConfig,
     run_dir: Path,
     overrides: Sequence[str] = (),
-    sweep: str | None = None,
+    group: str | None = None,
     callbacks: Sequence[pl.Callback] = (),
 ) -> dict[str, Any]:
     """Train as ``cfg`` says, writing checkpoints, metrics and ``results.json`` into ``run_dir``.
 
-    ``overrides`` (the command line's) and ``sweep`` (the multirun this run belongs to) name and group
-    the run on the dashboard; ``callbacks`` join the run's own. The loggers' runs are finished also when
+    ``overrides`` (the command line's) name the run on the dashboard and ``group`` (its sweep's or
+    multirun's) groups it; ``callbacks`` join the run's own. The loggers' runs are finished also when
     training raises.
 
     The run continues from ``cfg.resume`` when set, or from ``run_dir/checkpoints/last.ckpt`` when the
@@ -97,7 +97,7 @@ def train(
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     final = FinalCheckpoint(checkpoint_dir / "last.ckpt")
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[progress]
-    loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, sweep))
+    loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
     trainer_kwargs = trainer_options(cfg.trainer)
     trainer_kwargs.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer_kwargs.setdefault("enable_model_summary", progress != "quiet")

@@ -32,11 +32,18 @@ def main(cfg: DictConfig) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    # The jobs of one multirun share its folder's name (its start time): their dashboard group.
-    sweep = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else None
-    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task), sweep)
+    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
+
+
+def dashboard_group(cfg: DictConfig) -> str | None:
+    """A sweep's trials share ``sweep/<its folder>``; the jobs of one multirun ``multirun/<its start time>``."""
+    if cfg.sweep_dir:
+        return f"sweep/{Path(cfg.sweep_dir).name}"
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        return f"multirun/{Path(HydraConfig.get().sweep.dir).name}"
+    return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,87 @@
+"""``aiayn-sweep <sweep file>``: run a W&B sweep file's trials here, without a W&B server.
+
+The same file works with ``wandb sweep <file>`` + ``wandb agent <id>``; this runs its trials one after
+another (or ``--parallel N`` at a time), logs them to W&B offline and records them in the sweep's folder,
+so that running it again skips what has finished. ``--dry-run`` lists the trials and checks that each
+composes as a Hydra config, without training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from aiayn.cli.common import reported_as_usage_errors
+from aiayn.config import compose_config
+from aiayn.sweep import (
+    FINISHED,
+    Trial,
+    command_overrides,
+    default_folder,
+    expand,
+    load_sweep,
+    run_sweep,
+    trial_command,
+    trial_count,
+)
+
+DRY_RUN_LIMIT = 100  # trials listed for a random or bayes sweep without a count
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="aiayn-sweep", description=__doc__.split("\n\n")[0])
+    parser.add_argument("sweep", type=Path, help="a W&B sweep file (sweeps/*.yaml)")
+    parser.add_argument("--dir", type=Path, help="the sweep's folder (default: outputs/sweeps/<sweep name>)")
+    parser.add_argument(
+        "--count", type=int, help="trials in the sweep in all (default: the file's run_cap; a grid: all of it)"
+    )
+    parser.add_argument("--parallel", type=int, default=1, help="trials running at a time (default: 1)")
+    parser.add_argument("--dry-run", action="store_true", help="list the trials and compose each; train nothing")
+    return parser.parse_args(argv)
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """Print each trial's command; 0 when every one composes, else 2 with Hydra's reason per trial."""
+    config = load_sweep(args.sweep)
+    limit = trial_count(config, args.count, args.sweep) if config["method"] == "grid" or args.count else None
+    failures = 0
+    for number, params in enumerate(expand(config, limit or DRY_RUN_LIMIT), start=1):
+        command = trial_command(config, params)
+        print(f"trial {number}: {' '.join(command)}")
+        try:
+            compose_config("train", command_overrides(command))
+        except (HydraException, OmegaConfBaseException) as error:
+            failures += 1
+            print(f"  does not compose: {str(error).splitlines()[0]}", file=sys.stderr)
+    return 2 if failures else 0
+
+
+def show(trial: Trial) -> None:
+    outcome = f"metric {trial.metric:.4g}" if trial.metric is not None else (trial.error or trial.state)
+    params = " ".join(f"{key}={value}" for key, value in trial.params.items())
+    print(f"{trial.name} {trial.state} ({outcome}): {params}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
+    args = parse_args(argv)
+    with reported_as_usage_errors("aiayn-sweep"):
+        if args.dry_run:
+            sys.exit(dry_run(args))
+        trials = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
+    folder = args.dir or default_folder(load_sweep(args.sweep), args.sweep)
+    failed = [trial for trial in trials if trial.state != FINISHED]
+    print(f"{len(trials) - len(failed)} of {len(trials)} trials finished; folder {folder}")
+    print(f"table and plots: aiayn-report {folder}")
+    if failed:
+        print("failed: " + ", ".join(f"{trial.name} ({trial.error})" for trial in failed), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""A Table-3-style report of finished runs: one row per setting (the runs that differ only in their seed),
+with the paper's numbers beside ours where the setting is one of its rows, and plots of BLEU and
+perplexity against what the settings vary (heads, d_k, positional encoding, model size)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aiayn.loggers import defining_overrides
+from aiayn.table3 import COLUMNS, FAMILIES, PAPER, columns_of, family_rows
+
+log = logging.getLogger(__name__)
+
+# What a plot can put on its x axis: (file name part, axis label, Table 3 column or "params").
+AXES = (
+    ("heads", "attention heads h", "h"),
+    ("d_k", "key size d_k", "d_k"),
+    ("positional", "positional encoding", "positional"),
+    ("size", "parameters (millions)", "params"),
+)
+SIZE_COLUMNS = ("N", "d_model", "d_ff")  # a model-size plot only when one of these varies
+ROW_ORDER = {row: index for index, row in enumerate(PAPER)}
+
+
+@dataclass
+class Run:
+    """A finished run: its folder, Table 3's columns of its config, its results."""
+
+    folder: Path
+    label: str
+    seed: int
+    columns: dict[str, Any]
+    family: str | None
+    results: dict[str, Any]
+
+
+@dataclass
+class Setting:
+    """The runs of one setting (they differ only in their seed) and the paper's row it is, if any."""
+
+    label: str
+    columns: dict[str, Any]
+    runs: list[Run] = field(default_factory=list)
+    paper_row: str | None = None
+
+    def values(self, key: str) -> list[float]:
+        return [float(run.results[key]) for run in self.runs if isinstance(run.results.get(key), (int, float))]
+
+    def mean(self, key: str) -> float | None:
+        values = self.values(key)
+        return statistics.fmean(values) if values else None
+
+    def spread(self, key: str) -> str:
+        """``mean ± std`` over seeds (the sample standard deviation), ``mean`` for one run, ``-`` for none."""
+        values = self.values(key)
+        if not values:
+            return "-"
+        if len(values) == 1:
+            return f"{values[0]:.2f}"
+        return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def find_runs(paths: Iterable[Path]) -> tuple[list[Run], list[Path]]:
+    """Every finished run (a folder with ``results.json`` and ``config.yaml``) under ``paths``, and the run
+    folders without results (failed or unfinished)."""
+    runs, unfinished = [], []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such run or sweep folder")
+        for results in sorted(path.rglob("results.json")):
+            if (results.parent / "config.yaml").is_file():
+                runs.append(read_run(results.parent))
+        # Hydra writes .hydra/ into every run folder when it starts; results.json comes at the end.
+        unfinished += [h.parent for h in sorted(path.rglob(".hydra")) if not (h.parent / "results.json").exists()]
+    return runs, unfinished
+
+
+def read_run(folder: Path) -> Run:
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    results = json.loads((folder / "results.json").read_text())
+    overrides = [o for o in defining_overrides(results.get("overrides", [])) if not o.startswith("seed=")]
+    prefix = str(config.get("name", "")).split("_", 1)[0]
+    return Run(
+        folder=folder,
+        label=" ".join(overrides),
+        seed=int(config.get("seed", 0)),
+        columns=dict(zip([heading for heading, _ in COLUMNS], columns_of(config), strict=True)),
+        family=prefix if prefix in FAMILIES else None,
+        results=results,
+    )
+
+
+def group_settings(runs: Sequence[Run]) -> list[Setting]:
+    """Runs grouped by their overrides without the seed; a setting's label leaves out the overrides all
+    runs share (a sweep's fixed arguments). Settings that are Table 3 rows get the row's name."""
+    shared = set.intersection(*(set(run.label.split()) for run in runs)) if runs else set()
+    settings: dict[str, Setting] = {}
+    for run in runs:
+        label = " ".join(part for part in run.label.split() if part not in shared) or "(as configured)"
+        setting = settings.setdefault(label, Setting(label, run.columns))
+        setting.runs.append(run)
+    rows_by_family = {family: family_rows(family) for family in {run.family for run in runs} if family}
+    for setting in settings.values():
+        family = setting.runs[0].family
+        if family:
+            setting.paper_row = rows_by_family[family].get(tuple(setting.columns.values()))
+    return list(settings.values())
+
+
+def ordered(settings: Sequence[Setting]) -> list[Setting]:
+    """The reference setting first (the one that is Table 3's base row, else the first found), then
+    Table 3's rows in the paper's order, then the rest as found."""
+    base = next((s for s in settings if s.paper_row == "base"), settings[0])
+    rows = sorted(
+        (s for s in settings if s is not base), key=lambda s: ROW_ORDER.get(s.paper_row or "", len(ROW_ORDER))
+    )
+    return [base, *rows]
+
+
+def markdown_table(settings: Sequence[Setting]) -> str:
+    """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params, PPL and BLEU
+    (mean ± std over seeds), steps and wall time; the paper's PPL and BLEU where the setting is its row."""
+    base, *_ = settings = ordered(settings)
+    headings = [
+        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "PPL (val)", "BLEU (val)",
+        "BLEU (test)", "minutes", "paper row", "paper PPL", "paper BLEU",
+    ]  # fmt: skip
+    lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
+    for setting in settings:
+        changed = [
+            "" if setting is not base and value == base.columns[heading] else str(value)
+            for heading, value in setting.columns.items()
+        ]
+        params = setting.mean("params")
+        steps = setting.mean("steps")
+        wall = setting.mean("wall_s")
+        paper = PAPER.get(setting.paper_row or "")
+        cells = [
+            setting.label,
+            *changed,
+            f"{params / 1e6:.1f}" if params is not None else "-",
+            str(len(setting.runs)),
+            f"{steps:.0f}" if steps is not None else "-",
+            setting.spread("val_ppl"),
+            setting.spread("val_bleu"),
+            setting.spread("test_bleu"),
+            f"{wall / 60:.1f}" if wall is not None else "-",
+            setting.paper_row or "",
+            f"{paper.ppl:.2f}" if paper else "",
+            f"{paper.bleu:.1f}" if paper else "",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str]]:
+    """The axes along which the settings vary: heads, d_k, positional encoding, model size."""
+    varying = {heading for heading in settings[0].columns if len({str(s.columns[heading]) for s in settings}) > 1}
+    chosen = []
+    for name, label, column in AXES:
+        if (column == "params" and varying & set(SIZE_COLUMNS)) or column in varying:
+            chosen.append((name, label, column))
+    return chosen
+
+
+def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
+    """``bleu_ppl_vs_<axis>.png`` for every axis the settings vary along: validation BLEU and perplexity,
+    mean with the standard deviation over seeds as error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster or in CI
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, label, column in plot_axes(settings):
+        figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))
+        categorical = column == "positional"
+        points = ordered(settings) if categorical else sorted(settings, key=lambda s: axis_value(s, column))
+        for panel, key, heading in ((panels[0], "val_bleu", "BLEU (val)"), (panels[1], "val_ppl", "perplexity (val)")):
+            xs = [str(s.columns[column]) if categorical else axis_value(s, column) for s in points]
+            means = [s.mean(key) for s in points]
+            errors = [statistics.stdev(s.values(key)) if len(s.values(key)) > 1 else 0.0 for s in points]
+            present = [i for i, m in enumerate(means) if m is not None]
+            xs, means, errors = [xs[i] for i in present], [means[i] for i in present], [errors[i] for i in present]
+            if categorical:
+                panel.bar(xs, means, yerr=errors, capsize=4, color="#4c72b0")
+            else:
+                panel.errorbar(xs, means, yerr=errors, fmt="o-", capsize=4, color="#4c72b0")
+                if column in ("h", "d_k"):
+                    panel.set_xscale("log", base=2)
+                    panel.set_xticks(xs, [f"{x:g}" for x in xs])
+            panel.set_xlabel(label)
+            panel.set_ylabel(heading)
+            panel.grid(alpha=0.3)
+        seeds = max(len(s.runs) for s in settings)
+        figure.suptitle(f"{label}: mean ± std over up to {seeds} seed(s)")
+        figure.tight_layout()
+        path = folder / f"bleu_ppl_vs_{name}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def axis_value(setting: Setting, column: str) -> float:
+    if column == "params":
+        params = setting.mean("params")
+        return params / 1e6 if params is not None else math.nan
+    return float(setting.columns[column])
+
+
+def failed_trials(paths: Iterable[Path]) -> list[str]:
+    """A sweep's trials that did not finish (from its ``sweep.json``), as ``trial-0003 (exit code 1...)``."""
+    failed = []
+    for path in paths:
+        state = Path(path) / "sweep.json"
+        if state.is_file():
+            for trial in json.loads(state.read_text()).get("trials", []):
+                if trial.get("state") != "finished":
+                    failed.append(f"trial-{trial['number']:04d} ({trial.get('error')})")
+    return failed
+
+
+def write_report(paths: Sequence[Path], output: Path) -> tuple[str, list[Path]]:
+    """Write ``report.md`` and the plots into ``output``; returns the markdown and the plot files."""
+    runs, unfinished = find_runs(paths)
+    if not runs:
+        raise ValueError(f"no finished run (a folder with results.json) under {', '.join(map(str, paths))}")
+    settings = group_settings(runs)
+    output.mkdir(parents=True, exist_ok=True)
+    plots = plot(settings, output)
+    text = [
+        f"# Report: {', '.join(str(p) for p in paths)}",
+        "",
+        f"{len(runs)} finished run(s) in {len(settings)} setting(s). PPL and BLEU on the validation split "
+        "(Table 3 uses newstest2013) from the best checkpoint, beam search, no averaging; mean ± sample std "
+        "over seeds. Blank: as the first row. Paper: Vaswani et al. (2017) Table 3 (WMT14 En-De, tokenized BLEU).",
+        "",
+        markdown_table(settings),
+    ]
+    failed = failed_trials(paths)
+    if failed or unfinished:
+        text += ["", f"Not in the table: {len(failed)} failed trial(s) {', '.join(failed)}; "
+                 f"{len(unfinished)} run folder(s) without results."]  # fmt: skip
+    text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    markdown = "\n".join(text) + "\n"
+    (output / "report.md").write_text(markdown)
+    return markdown, plots

@@ -1,0 +1,329 @@
+"""W&B sweep files run without a W&B server: the trials are proposed by W&B's own sweep engine (the
+``sweeps`` package that the W&B server runs: grid, random and bayes behave as there), their commands are
+built by the W&B agent's own code from the file's ``command``, and each trial is one process.
+
+A sweep's folder (``outputs/sweeps/<name>`` by default) holds ``sweep.json`` (the sweep file's config and
+every trial: parameters, state, exit code, metric), ``logs/<trial>.log`` (each trial's output) and the
+trials' run folders, ``<folder>/<their overrides>`` (conf/train.yaml puts them there when
+``$AIAYN_SWEEP_DIR`` is set). Run again, a sweep skips its finished trials, runs failed and interrupted
+ones again (they continue from their last checkpoint) and proposes new ones until it has its count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from aiayn.config import SWEEP_DIR_ENV
+from aiayn.loggers import run_label
+
+log = logging.getLogger(__name__)
+
+ARGS_MACRO = "${args_no_hyphens}"  # W&B's macro for the parameters as key=value: Hydra's override syntax
+STATE_FILE = "sweep.json"
+FINISHED, FAILED, RUNNING = "finished", "failed", "running"
+
+
+class SweepError(ValueError):
+    """A sweep file or folder that cannot be run; the message names the file and the fix."""
+
+
+def load_sweep(path: Path) -> dict[str, Any]:
+    """A W&B sweep file, checked against W&B's own schema and for what a Hydra program needs: the
+    parameters passed as overrides through ``${args_no_hyphens}``, and no YAML ``null`` values (W&B
+    passes them as the string ``None``; write ``"null"``)."""
+    from jsonschema import ValidationError
+
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        problem = getattr(error, "problem", None) or str(error)  # YAML: what is wrong, and where
+        where = getattr(error, "problem_mark", None)
+        at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
+        raise SweepError(f"{path}: cannot read the sweep file: {problem}{at}") from None
+    if not isinstance(config, dict):
+        raise SweepError(f"{path}: a sweep file is a YAML mapping with method, parameters and command")
+    engine = _sweeps()
+    try:
+        engine.SweepConfig(config)
+    except (ValidationError, ValueError) as error:
+        message = str(error).splitlines()[0]
+        raise SweepError(f"{path}: not a valid W&B sweep: {message}") from None
+    command = config.get("command")
+    if not isinstance(command, list) or ARGS_MACRO not in command:
+        raise SweepError(f"{path}: command must pass the parameters as Hydra overrides: add {ARGS_MACRO} to it")
+    for name, spec in _leaf_parameters(config["parameters"]):
+        values = spec.get("values", [spec["value"]] if "value" in spec else [])
+        if any(value is None for value in values):
+            raise SweepError(f'{path}: parameters.{name} has a YAML null; W&B passes it as "None": write "null"')
+    return config
+
+
+def _leaf_parameters(parameters: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
+    leaves = []
+    for name, spec in parameters.items():
+        if isinstance(spec, dict) and isinstance(spec.get("parameters"), dict):
+            leaves += _leaf_parameters(spec["parameters"], f"{prefix}{name}.")
+        elif isinstance(spec, dict):
+            leaves.append((f"{prefix}{name}", spec))
+    return leaves
+
+
+def _sweeps() -> Any:
+    """W&B's sweep engine (its pydantic models still use v1 option names: a warning, not a problem)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
+        import sweeps
+
+    return sweeps
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars (random and bayes draw them) as the Python values JSON and the command expect."""
+    return value.item() if hasattr(value, "item") else value
+
+
+def propose(config: dict[str, Any], trials: Sequence[Trial], n: int = 1) -> list[dict[str, Any]]:
+    """Up to ``n`` new parameter sets, as a W&B server would propose them given ``trials``: grid goes
+    through every combination once, random draws, bayes fits the metric of the finished trials."""
+    engine = _sweeps()
+    runs = [trial.as_sweep_run(engine, config) for trial in trials]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning)
+        proposals = engine.next_runs(config, runs, validate=False, n=n)
+    return [{key: _plain(spec["value"]) for key, spec in run.config.items()} for run in proposals if run is not None]
+
+
+def trial_command(config: dict[str, Any], params: dict[str, Any]) -> list[str]:
+    """The command ``wandb agent`` would run for ``params``, built by the agent's own functions:
+    ``${env}``, ``${interpreter}`` (this Python), ``${program}``, the argument macros, and
+    ``${envvar:NAME}``."""
+    from wandb.sdk.launch.sweeps import utils
+
+    macros = utils.create_sweep_command_args({"args": {key: {"value": value} for key, value in params.items()}})
+    macros |= {"env": ["/usr/bin/env"], "interpreter": [sys.executable], "program": [str(config.get("program", ""))]}
+    command = []
+    for chunk in utils.create_sweep_command(list(config["command"])):
+        chunk = str(chunk)
+        if chunk.startswith("${") and chunk.endswith("}"):
+            command += macros.get(chunk[2:-1]) or []
+        else:
+            command.append(chunk)
+    return command
+
+
+def command_overrides(command: Sequence[str]) -> list[str]:
+    """The Hydra overrides of a trial's command: its ``key=value`` arguments."""
+    return [arg for arg in command if "=" in arg and not arg.startswith("-")]
+
+
+def expand(config: dict[str, Any], limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` trials the sweep would run (all of a grid when it has fewer), each proposal
+    counted as finished (random and bayes then draw the next; bayes sees a metric of 0)."""
+    trials: list[Trial] = []
+    while len(trials) < limit:
+        proposals = propose(config, trials)
+        if not proposals:
+            break
+        trials.append(Trial(number=len(trials) + 1, params=proposals[0], state=FINISHED, metric=0.0))
+    return [trial.params for trial in trials]
+
+
+@dataclass
+class Trial:
+    """One trial of a sweep, as ``sweep.json`` records it."""
+
+    number: int
+    params: dict[str, Any]
+    state: str = RUNNING
+    command: list[str] = field(default_factory=list)
+    run_dir: str | None = None
+    returncode: int | None = None
+    metric: float | None = None
+    error: str | None = None
+    seconds: float | None = None
+
+    @property
+    def name(self) -> str:
+        return f"trial-{self.number:04d}"
+
+    def as_sweep_run(self, engine: Any, config: dict[str, Any]) -> Any:
+        state = {FINISHED: "finished", FAILED: "failed"}.get(self.state, "running")
+        metric = config.get("metric", {}).get("name")
+        summary = {metric: self.metric} if metric and self.metric is not None else {}
+        return engine.SweepRun(
+            name=self.name,
+            state=state,
+            config={key: {"value": value} for key, value in self.params.items()},
+            summary_metrics=summary,
+        )
+
+
+class SweepState:
+    """``sweep.json`` of a sweep's folder: the sweep's config and its trials, rewritten atomically after
+    every change so that an interrupted runner loses nothing."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], trials: list[Trial]) -> None:
+        self.folder = folder
+        self.config = config
+        self.trials = trials
+
+    @classmethod
+    def open(cls, folder: Path, config: dict[str, Any], source: Path) -> SweepState:
+        path = folder / STATE_FILE
+        if not path.exists():
+            return cls(folder, config, [])
+        try:
+            saved = json.loads(path.read_text())
+            trials = [Trial(**trial) for trial in saved["trials"]]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SweepError(f"{path}: unreadable sweep state ({error}); move it away to start afresh") from None
+        if saved.get("config") != json.loads(json.dumps(config)):
+            raise SweepError(
+                f"{folder} holds a sweep of another config than {source}; pass --dir <another folder> "
+                "or move the old one away"
+            )
+        for trial in trials:  # a runner that was killed left them running
+            if trial.state == RUNNING:
+                trial.state, trial.error = FAILED, "interrupted"
+        return cls(folder, config, trials)
+
+    def save(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / STATE_FILE
+        scratch = path.with_suffix(".json.tmp")
+        scratch.write_text(json.dumps({"config": self.config, "trials": [asdict(t) for t in self.trials]}, indent=2))
+        os.replace(scratch, path)
+
+
+def default_folder(config: dict[str, Any], source: Path) -> Path:
+    return Path("outputs") / "sweeps" / str(config.get("name") or Path(source).stem)
+
+
+def trial_count(config: dict[str, Any], count: int | None, source: Path) -> int | None:
+    """How many trials the sweep holds in all: ``count``, else the file's ``run_cap``, else (grid) every
+    combination; random and bayes never end by themselves."""
+    count = count or config.get("run_cap")
+    if count is None and config["method"] != "grid":
+        raise SweepError(f"{source}: a {config['method']} sweep never ends; pass --count N or set run_cap: N")
+    return count
+
+
+def run_sweep(
+    source: Path,
+    folder: Path | None = None,
+    count: int | None = None,
+    parallel: int = 1,
+    report: Callable[[Trial], None] = lambda trial: None,
+) -> list[Trial]:
+    """Run the sweep file ``source`` until it has ``count`` trials (see :func:`trial_count`), ``parallel``
+    processes at a time; returns every trial of the sweep. A trial that fails is recorded and the others
+    go on."""
+    if parallel < 1:
+        raise SweepError(f"--parallel {parallel}: run at least one trial at a time")
+    config = load_sweep(source)
+    folder = Path(folder or default_folder(config, source)).resolve()
+    total = trial_count(config, count, source)
+    state = SweepState.open(folder, config, source)
+    state.save()
+    queue = [trial for trial in state.trials if trial.state != FINISHED]
+    env = trial_environment(folder, parallel)
+    running: dict[int, tuple[Trial, subprocess.Popen[bytes], float]] = {}
+    try:
+        while True:
+            while len(running) < parallel:
+                trial = queue.pop(0) if queue else new_trial(state, total)
+                if trial is None:
+                    break
+                running[trial.number] = (trial, *start_trial(trial, config, folder, env))
+                state.save()
+            if not running:
+                break
+            for number, (trial, process, started) in list(running.items()):
+                if process.poll() is not None:
+                    del running[number]
+                    finish_trial(trial, process.returncode, time.monotonic() - started, config)
+                    state.save()
+                    report(trial)
+            time.sleep(0.2)
+    except BaseException:
+        for trial, process, _ in running.values():  # Ctrl-C: they stop and are run again next time
+            process.terminate()
+            process.wait()
+            trial.state, trial.error = FAILED, "interrupted"
+        state.save()
+        raise
+    return state.trials
+
+
+def new_trial(state: SweepState, total: int | None) -> Trial | None:
+    if total is not None and len(state.trials) >= total:
+        return None
+    proposals = propose(state.config, state.trials)
+    if not proposals:
+        return None
+    trial = Trial(number=len(state.trials) + 1, params=proposals[0])
+    state.trials.append(trial)
+    return trial
+
+
+def trial_environment(folder: Path, parallel: int) -> dict[str, str]:
+    """Trials write into the sweep's folder and log to W&B offline unless ``WANDB_MODE`` says otherwise;
+    trials that share the CPUs share their threads."""
+    from aiayn.cpus import available_cpus
+
+    env = dict(os.environ)
+    env[SWEEP_DIR_ENV] = str(folder)
+    env.setdefault("WANDB_MODE", "offline")
+    if parallel > 1:
+        env.setdefault("OMP_NUM_THREADS", str(max(1, available_cpus() // parallel)))
+    return env
+
+
+def start_trial(
+    trial: Trial, config: dict[str, Any], folder: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], float]:
+    trial.command = trial_command(config, trial.params)
+    trial.state, trial.returncode, trial.metric, trial.error = RUNNING, None, None, None
+    logs = folder / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    # As `wandb agent` does: the trial's parameters in W&B's format, named by $WANDB_SWEEP_PARAM_PATH
+    # (W&B records them in the run's config; conf/train.yaml names the run folder after them).
+    params = logs / f"{trial.name}.params.yaml"
+    params.write_text(yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
+    trial.run_dir = str(folder / run_label([f"{key}={value}" for key, value in trial.params.items()]))
+    log.info("%s: %s", trial.name, " ".join(trial.command))
+    with open(logs / f"{trial.name}.log", "ab") as output:
+        process = subprocess.Popen(
+            trial.command, stdout=output, stderr=subprocess.STDOUT, env={**env, "WANDB_SWEEP_PARAM_PATH": str(params)}
+        )
+    return process, time.monotonic()
+
+
+def finish_trial(trial: Trial, returncode: int, seconds: float, config: dict[str, Any]) -> None:
+    """Record how a trial ended: finished with its metric (from the run's ``results.json``) or failed."""
+    trial.returncode, trial.seconds = returncode, seconds
+    results = Path(trial.run_dir or "") / "results.json"
+    if returncode != 0:
+        trial.state, trial.error = FAILED, f"exit code {returncode}; see logs/{trial.name}.log"
+        return
+    if not results.is_file():
+        trial.state, trial.error = FAILED, f"no {results} after a clean exit; see logs/{trial.name}.log"
+        return
+    trial.state = FINISHED
+    metric = config.get("metric", {}).get("name")
+    if metric:
+        value = json.loads(results.read_text()).get(metric)
+        trial.metric = float(value) if isinstance(value, (int, float)) else None

@@ -1,0 +1,102 @@
+"""aiayn-report: Table 3's layout over seeds, the paper's numbers beside ours, plots per varied axis."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from aiayn.config import compose_run_config
+from aiayn.report import write_report
+from wandb_records import offline_runs
+
+
+def fake_run(folder: Path, overrides: list[str], bleu: float, ppl: float, params: int = 2_000_000) -> Path:
+    """A finished run's folder as aiayn-train leaves it: the resolved config and results.json."""
+    folder.mkdir(parents=True)
+    OmegaConf.save(compose_run_config(overrides), folder / "config.yaml")
+    results = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
+    (folder / "results.json").write_text(json.dumps({**results, "wall_s": 420.0, "overrides": overrides}))
+    (folder / ".hydra").mkdir()
+    return folder
+
+
+def table_rows(markdown: str) -> dict[str, list[str]]:
+    lines = [line for line in markdown.splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    rows = {}
+    for line in lines[1:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[cells[0]] = dict(zip(header, cells, strict=True))
+    return rows
+
+
+@pytest.fixture
+def positional_sweep(tmp_path: Path) -> Path:
+    scores = {"sinusoidal": [(20.0, 9.0), (22.0, 8.0)], "learned": [(21.0, 8.5), (21.0, 8.7)], "none": [(5.0, 40.0)]}
+    for encoding, runs in scores.items():
+        for seed, (bleu, ppl) in enumerate(runs, start=1):
+            overrides = ["experiment=mini/base", f"model.positional={encoding}", f"seed={seed}"]
+            fake_run(tmp_path / "sweep" / f"model.positional={encoding},seed={seed}", overrides, bleu, ppl)
+    unfinished = tmp_path / "sweep" / "model.positional=rope,seed=1"
+    (unfinished / ".hydra").mkdir(parents=True)
+    return tmp_path / "sweep"
+
+
+def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep: Path) -> None:
+    markdown, plots = write_report([positional_sweep], positional_sweep)
+    rows = table_rows(markdown)
+    assert list(rows) == ["model.positional=sinusoidal", "model.positional=learned", "model.positional=none"]
+    base, learned, none = rows.values()
+    assert base["BLEU (val)"] == "21.00 ± 1.41" and base["PPL (val)"] == "8.50 ± 0.71" and base["seeds"] == "2"
+    assert base["BLEU (test)"] == "22.00 ± 1.41" and base["steps"] == "500" and base["minutes"] == "7.0"
+    assert (base["paper row"], base["paper BLEU"], base["paper PPL"]) == ("base", "25.8", "4.92")  # mini/base
+    assert (learned["paper row"], learned["paper BLEU"]) == ("E", "25.7") and learned["BLEU (val)"] == "21.00 ± 0.00"
+    assert none["paper row"] == "" and none["BLEU (val)"] == "5.00" and none["seeds"] == "1"
+    # Table 3's layout: the first row in full, the others blank where unchanged
+    assert (base["d_model"], base["h"], base["positional"]) == ("128", "4", "sinusoidal")
+    assert (learned["d_model"], learned["h"], learned["positional"]) == ("", "", "learned")
+    assert "1 run folder(s) without results" in markdown
+    assert [p.name for p in plots] == ["bleu_ppl_vs_positional.png"]
+    with Image.open(plots[0]) as image:
+        assert image.format == "PNG" and image.width > 500
+    assert (positional_sweep / "report.md").read_text() == markdown
+
+
+def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
+    for row, bleu in (("A1", 18.0), ("A2", 20.0), ("base", 21.0), ("A4", 19.0)):
+        fake_run(tmp_path / "heads" / row, [f"experiment=mini/{row}", "seed=1"], bleu, 10.0)
+    for row in ("C1", "C3", "base"):
+        fake_run(tmp_path / "size" / row, [f"experiment=mini/{row}", "seed=1"], 20.0, 10.0, params=int(1e6))
+    markdown, plots = write_report([tmp_path / "heads"], tmp_path / "heads")
+    assert [p.name for p in plots] == ["bleu_ppl_vs_heads.png", "bleu_ppl_vs_d_k.png"]
+    rows = table_rows(markdown)
+    assert list(rows) == ["experiment=mini/base", "experiment=mini/A1", "experiment=mini/A2", "experiment=mini/A4"]
+    assert (rows["experiment=mini/A1"]["h"], rows["experiment=mini/A1"]["d_k"], rows["experiment=mini/A1"]["N"]) == (
+        "1",
+        "128",
+        "",
+    )
+    assert rows["experiment=mini/A4"]["paper BLEU"] == "25.4"
+    _, plots = write_report([tmp_path / "size"], tmp_path / "size")
+    assert [p.name for p in plots] == ["bleu_ppl_vs_size.png"]
+
+
+def test_the_cli_reports_to_w_and_b_and_refuses_folders_without_runs(
+    positional_sweep: Path, tmp_path: Path, wandb_offline: None
+) -> None:
+    out = tmp_path / "report"
+    command = [sys.executable, "-m", "aiayn.cli.report", str(positional_sweep), "--out", str(out), "--wandb", "offline"]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    assert "| model.positional=learned |" in result.stdout and (out / "bleu_ppl_vs_positional.png").is_file()
+    (run,) = offline_runs(out)
+    assert run.media("table") and run.media("images")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = subprocess.run([sys.executable, "-m", "aiayn.cli.report", str(empty)], capture_output=True, text=True)
+    assert result.returncode == 2 and "no finished run (a folder with results.json)" in result.stderr

@@ -1,0 +1,194 @@
+"""W&B sweep files: they parse with W&B's own schema, pass their parameters to Hydra through
+${args_no_hyphens}, every trial composes; aiayn-sweep runs them locally, resumably, past failures."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from aiayn.config import compose_config, run_dir
+from aiayn.sweep import ARGS_MACRO, SweepError, command_overrides, expand, load_sweep, trial_command
+from aiayn.table3 import ROWS
+from wandb_records import offline_runs
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
+
+
+def test_every_ablation_has_a_multi30k_and_a_paper_scale_sweep() -> None:
+    names = {path.stem for path in SWEEP_FILES}
+    for ablation in ("heads", "dk", "positional", "size", "regularization"):
+        assert {f"{ablation}_mini", f"{ablation}_wmt14"} <= names
+    covered = set()
+    for path in SWEEP_FILES:
+        experiments = load_sweep(path)["parameters"].get("experiment", {}).get("values", [])
+        covered |= {value.split("/")[1] for value in experiments}
+    assert covered == set(ROWS) - {"E"}  # E: the positional sweeps (learned)
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
+def test_sweep_file_parses_and_every_trial_composes(path: Path) -> None:
+    config = load_sweep(path)  # W&B's own schema
+    assert ARGS_MACRO in config["command"] and config["metric"]["name"] == "val_bleu"
+    assert len(config["parameters"]["seed"]["values"]) >= 2  # several seeds
+    trials = expand(config, 1000)
+    sizes = [len(spec["values"]) for spec in config["parameters"].values()]
+    assert len(trials) == math.prod(sizes)  # a grid: every combination once
+    assert len({json.dumps(t, sort_keys=True) for t in trials}) == len(trials)
+    family = "mini" if path.stem.endswith("_mini") else "table3"
+    for params in trials:
+        command = trial_command(config, params)
+        assert command[:2] == ["/usr/bin/env", "aiayn-train"]
+        assert command[-len(params) :] == [f"{key}={value}" for key, value in params.items()]
+        cfg = compose_config("train", command_overrides(command))
+        assert cfg.name.startswith(f"{family}_") and cfg.seed == params["seed"]
+        assert all(OmegaConf.select(cfg, key) == value for key, value in params.items() if key != "experiment")
+
+
+def write_sweep(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("method: grid\nparameters: {seed: {values: [1]}}\ncommand: [aiayn-train]\n", "add \\$\\{args_no_hyphens\\}"),
+        ("method: sideways\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", "not a valid W&B"),
+        (
+            "method: grid\nparameters: {data.root: {values: [null]}}\ncommand: ['${args_no_hyphens}']\n",
+            'parameters.data.root has a YAML null; W&B passes it as "None": write "null"',
+        ),
+        ("method: grid\nparameters: {seed: {values: [1]}}\ncommand: [a, ${args_no_hyphens}]\n", "line 3, column"),
+        ("method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", None),
+    ],
+)
+def test_bad_sweep_files_are_refused_with_the_fix(text: str, message: str | None, tmp_path: Path) -> None:
+    path = write_sweep(tmp_path / "bad.yaml", text)
+    if message is None:  # a random sweep needs a count: aiayn-sweep says so before running anything
+        result = subprocess.run([sys.executable, "-m", "aiayn.cli.sweep", str(path)], capture_output=True, text=True)
+        assert result.returncode == 2 and "never ends; pass --count N or set run_cap" in result.stderr
+        return
+    with pytest.raises(SweepError, match=message):
+        load_sweep(path)
+
+
+def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> None:
+    space = {"optim.lr_scale": {"min": 0.5, "max": 2.0}, "model.n_heads": {"values": [1, 2, 4]}}
+    for method in ("random", "bayes"):
+        config = {"method": method, "metric": {"name": "val_bleu", "goal": "maximize"}, "parameters": space}
+        trials = expand(config, 5)
+        assert len(trials) == 5 and len({t["optim.lr_scale"] for t in trials}) == 5
+        assert all(0.5 <= t["optim.lr_scale"] <= 2.0 and t["model.n_heads"] in (1, 2, 4) for t in trials)
+        assert all(type(t["optim.lr_scale"]) is float for t in trials)  # plain numbers in commands and JSON
+
+
+def test_trial_folders_are_named_after_the_swept_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    overrides = ["experiment=mini/base", "data.root=/data", "model.positional=none", "seed=2"]
+    assert run_dir("mini_base", None, overrides, "2026-11-30_10-00-00") == "outputs/mini_base/2026-11-30_10-00-00"
+    assert run_dir("mini_base", "sw", overrides, "t") == "sw/experiment=mini_base,model.positional=none,seed=2"
+    params = tmp_path / "config-abc.yaml"  # what `wandb agent` writes for a trial
+    params.write_text(yaml.safe_dump({"model.positional": {"value": "none"}, "seed": {"value": 2}}))
+    monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
+    assert run_dir("mini_base", "sw", overrides, "t") == "sw/model.positional=none,seed=2"
+
+
+TINY_SWEEP = """\
+name: tiny
+method: grid
+metric: {{name: val_bleu, goal: maximize}}
+parameters:
+  model.positional: {{values: [sinusoidal, broken, none]}}
+command:
+  - ${{env}}
+  - ${{interpreter}}
+  - -m
+  - aiayn.cli.train
+  - model=tiny
+  - data.root={root}
+  - data.cache_dir={cache}
+  - data.vocab_size=500
+  - data.train_limit=200
+  - data.eval_limit=16
+  - trainer.max_steps=3
+  - trainer.val_check_interval=3
+  - trainer.check_val_every_n_epoch=null
+  - progress=quiet
+  - ${{args_no_hyphens}}
+"""
+
+
+def run_sweep_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiayn.cli.sweep", *args], cwd=cwd, capture_output=True, text=True, timeout=900
+    )
+
+
+@pytest.mark.slow
+def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, wandb_offline: None
+) -> None:
+    sweep = write_sweep(tmp_path / "tiny.yaml", TINY_SWEEP.format(root=multi30k_root, cache=cache_dir))
+    first = run_sweep_cli([str(sweep)], tmp_path)
+    assert first.returncode == 1, first.stderr  # one trial failed: said in the exit status ...
+    assert "2 of 3 trials finished" in first.stdout and "trial-0002 (exit code 1" in first.stderr
+    folder = tmp_path / "outputs" / "sweeps" / "tiny"
+    state = json.loads((folder / "sweep.json").read_text())
+    assert [t["state"] for t in state["trials"]] == ["finished", "failed", "finished"]  # ... and the rest ran
+    assert "model.positional='broken' must be one of" in (folder / "logs" / "trial-0002.log").read_text()
+    finished = {t["run_dir"]: Path(t["run_dir"], "results.json").stat().st_mtime_ns for t in state["trials"][::2]}
+    assert sorted(Path(d).name for d in finished) == ["model.positional=none", "model.positional=sinusoidal"]
+    for trial in state["trials"][::2]:
+        results = json.loads(Path(trial["run_dir"], "results.json").read_text())
+        assert results["steps"] == 3 and trial["metric"] == results["val_bleu"]
+        (wandb_run,) = offline_runs(Path(trial["run_dir"]))  # W&B offline, grouped by the sweep
+        assert (
+            wandb_run.group == "sweep/tiny"
+            and wandb_run.config["model.positional"] == trial["params"]["model.positional"]
+        )
+
+    again = run_sweep_cli([str(sweep)], tmp_path)  # finished trials are skipped; the failed one runs again
+    assert again.returncode == 1
+    ran = [line for line in again.stdout.splitlines() if line.startswith("trial-")]
+    assert len(ran) == 1 and ran[0].startswith("trial-0002 failed")
+    assert {d: Path(d, "results.json").stat().st_mtime_ns for d in finished} == finished
+    assert len(json.loads((folder / "sweep.json").read_text())["trials"]) == 3
+
+    report = subprocess.run(
+        [sys.executable, "-m", "aiayn.cli.report", str(folder), "--wandb", "disabled"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "| model.positional=sinusoidal |" in report.stdout and "1 failed trial(s) trial-0002" in report.stdout
+    assert (folder / "report.md").is_file() and (folder / "bleu_ppl_vs_positional.png").stat().st_size > 1000
+
+
+def test_a_folder_of_another_sweep_is_not_mixed_in(tmp_path: Path) -> None:
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / "sweep.json").write_text(json.dumps({"config": {"method": "grid"}, "trials": []}))
+    text = "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
+    sweep = write_sweep(tmp_path / "s.yaml", text)
+    result = run_sweep_cli([str(sweep), "--dir", str(folder)], tmp_path)
+    assert result.returncode == 2 and "holds a sweep of another config" in result.stderr and "--dir" in result.stderr
+
+
+def test_dry_run_lists_every_trial_and_fails_on_one_that_does_not_compose(tmp_path: Path) -> None:
+    sweep = write_sweep(
+        tmp_path / "s.yaml",
+        "method: grid\nparameters:\n  model: {values: [tiny, nonexistent]}\n  seed: {values: [1, 2]}\n"
+        "command: [aiayn-train, '${args_no_hyphens}']\n",
+    )
+    result = run_sweep_cli([str(sweep), "--dry-run"], tmp_path)
+    assert result.returncode == 2
+    assert result.stdout.count("trial ") == 4 and "aiayn-train model=tiny seed=2" in result.stdout
+    assert result.stderr.count("does not compose") == 2
+    assert not (tmp_path / "outputs").exists()  # nothing trained, nothing written
