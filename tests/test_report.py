@@ -61,7 +61,10 @@ def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep
     # Table 3's layout: the first row in full, the others blank where unchanged
     assert (base["d_model"], base["h"], base["positional"]) == ("128", "4", "sinusoidal")
     assert (learned["d_model"], learned["h"], learned["positional"]) == ("", "", "learned")
-    assert "1 run folder(s) without results" in markdown
+    assert "1 other run folder(s) without results" in markdown
+    assert (
+        base["paper params ×10⁶"] == "65" and learned["paper params ×10⁶"] == "65" and none["paper params ×10⁶"] == ""
+    )
     assert [p.name for p in plots] == ["bleu_ppl_vs_positional.png"]
     with Image.open(plots[0]) as image:
         assert image.format == "PNG" and image.width > 500
@@ -74,7 +77,7 @@ def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
     for row in ("C1", "C3", "base"):
         fake_run(tmp_path / "size" / row, [f"experiment=mini/{row}", "seed=1"], 20.0, 10.0, params=int(1e6))
     markdown, plots = write_report([tmp_path / "heads"], tmp_path / "heads")
-    assert [p.name for p in plots] == ["bleu_ppl_vs_heads.png", "bleu_ppl_vs_d_k.png"]
+    assert [p.name for p in plots] == ["bleu_ppl_vs_heads.png"]  # rows A change d_k with h: one axis
     rows = table_rows(markdown)
     assert list(rows) == ["experiment=mini/base", "experiment=mini/A1", "experiment=mini/A2", "experiment=mini/A4"]
     assert (rows["experiment=mini/A1"]["h"], rows["experiment=mini/A1"]["d_k"], rows["experiment=mini/A1"]["N"]) == (
@@ -85,6 +88,20 @@ def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
     assert rows["experiment=mini/A4"]["paper BLEU"] == "25.4"
     _, plots = write_report([tmp_path / "size"], tmp_path / "size")
     assert [p.name for p in plots] == ["bleu_ppl_vs_size.png"]
+    fake_run(tmp_path / "size" / "B1", ["experiment=mini/B1", "seed=1"], 20.0, 10.0)
+    fake_run(tmp_path / "size" / "D1", ["experiment=mini/D1", "seed=1"], 20.0, 10.0)
+    _, plots = write_report([tmp_path / "size"], tmp_path / "size")  # D1 is on no axis; B1 alone on d_k
+    assert [p.name for p in plots] == ["bleu_ppl_vs_d_k.png", "bleu_ppl_vs_size.png"]
+
+
+def test_runs_found_twice_count_once_and_seeds_group_whatever_the_order(positional_sweep: Path, tmp_path: Path) -> None:
+    one_run = positional_sweep / "model.positional=none,seed=1"
+    fake_run(tmp_path / "again", ["++seed=2", "model.positional=none", "experiment=mini/base"], 7.0, 30.0)
+    markdown, _ = write_report([positional_sweep, one_run, tmp_path / "again"], tmp_path / "out")
+    rows = table_rows(markdown)
+    assert (
+        rows["model.positional=none"]["seeds"] == "2" and rows["model.positional=none"]["BLEU (val)"] == "6.00 ± 1.41"
+    )
 
 
 def test_the_cli_reports_to_w_and_b_and_refuses_folders_without_runs(

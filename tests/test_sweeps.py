@@ -14,7 +14,18 @@ import yaml
 from omegaconf import OmegaConf
 
 from aiayn.config import compose_config, run_dir
-from aiayn.sweep import ARGS_MACRO, SweepError, command_overrides, expand, load_sweep, trial_command
+from aiayn.sweep import (
+    ARGS_MACRO,
+    SweepError,
+    SweepState,
+    Trial,
+    command_overrides,
+    exclusive,
+    expand,
+    load_sweep,
+    trial_command,
+    trial_folder,
+)
 from aiayn.table3 import ROWS
 from wandb_records import offline_runs
 
@@ -67,6 +78,19 @@ def write_sweep(path: Path, text: str) -> Path:
             'parameters.data.root has a YAML null; W&B passes it as "None": write "null"',
         ),
         ("method: grid\nparameters: {seed: {values: [1]}}\ncommand: [a, ${args_no_hyphens}]\n", "line 3, column"),
+        (
+            "method: grid\nparameters: {optim: {parameters: {warmup: {values: [1]}}}}\n"
+            "command: ['${args_no_hyphens}']\n",
+            'parameters.optim is nested; Hydra takes no dict: use dotted keys \\("optim.x:"\\)',
+        ),
+        (
+            "method: grid\nparameters: {tags: {values: ['a,b']}}\ncommand: ['${args_no_hyphens}']\n",
+            "parameters.tags: 'a,b' reads as a Hydra sweep; quote it",
+        ),
+        (
+            "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${program}', '${args_no_hyphens}']\n",
+            "set program:",
+        ),
         ("method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", None),
     ],
 )
@@ -91,13 +115,29 @@ def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> Non
 
 
 def test_trial_folders_are_named_after_the_swept_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    overrides = ["experiment=mini/base", "data.root=/data", "model.positional=none", "seed=2"]
+    overrides = ["experiment=mini/base", "data.root=/data", "model.positional=none", "+x=1", "seed=2"]
     assert run_dir("mini_base", None, overrides, "2026-11-30_10-00-00") == "outputs/mini_base/2026-11-30_10-00-00"
-    assert run_dir("mini_base", "sw", overrides, "t") == "sw/experiment=mini_base,model.positional=none,seed=2"
+    assert run_dir("mini_base", "sw", overrides, "t") == "sw/experiment=mini_base,model.positional=none,+x=1,seed=2"
     params = tmp_path / "config-abc.yaml"  # what `wandb agent` writes for a trial
-    params.write_text(yaml.safe_dump({"model.positional": {"value": "none"}, "seed": {"value": 2}}))
+    params.write_text(yaml.safe_dump({"model.positional": {"value": "none"}, "+x": {"value": 1}, "seed": {"value": 2}}))
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
-    assert run_dir("mini_base", "sw", overrides, "t") == "sw/model.positional=none,seed=2"
+    monkeypatch.setenv("WANDB_RUN_ID", "ab12cd")  # random and bayes may propose a setting twice
+    assert run_dir("mini_base", "sw", overrides, "t") == "sw/model.positional=none,+x=1,seed=2-ab12cd"
+    monkeypatch.setenv("AIAYN_RUN_DIR", "/sweeps/s/seed=2")  # aiayn-sweep's choice wins
+    assert run_dir("mini_base", "sw", overrides, "t") == "/sweeps/s/seed=2"
+
+
+def test_a_setting_proposed_twice_gets_a_second_folder(tmp_path: Path) -> None:
+    config = load_sweep(
+        write_sweep(
+            tmp_path / "s.yaml", "method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
+        )
+    )
+    state = SweepState(
+        tmp_path, config, [Trial(1, {"seed": 1}, run_dir=str(tmp_path / "seed=1")), Trial(2, {"seed": 1})]
+    )
+    assert trial_folder(state.trials[1], state) == str(tmp_path / "seed=1-trial-0002")
+    assert trial_folder(state.trials[0], state) == str(tmp_path / "seed=1")  # run again: its own folder
 
 
 TINY_SWEEP = """\
@@ -169,6 +209,17 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
     )
     assert "| model.positional=sinusoidal |" in report.stdout and "1 failed trial(s) trial-0002" in report.stdout
     assert (folder / "report.md").is_file() and (folder / "bleu_ppl_vs_positional.png").stat().st_size > 1000
+
+
+def test_one_runner_per_sweep_folder(tmp_path: Path) -> None:
+    sweep = write_sweep(
+        tmp_path / "s.yaml", "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
+    )
+    folder = tmp_path / "outputs" / "sweeps" / "s"
+    folder.mkdir(parents=True)
+    with exclusive(folder):  # as a runner does while it runs
+        result = run_sweep_cli([str(sweep)], tmp_path)
+    assert result.returncode == 2 and "another aiayn-sweep is running in" in result.stderr
 
 
 def test_a_folder_of_another_sweep_is_not_mixed_in(tmp_path: Path) -> None:

@@ -40,6 +40,8 @@ def test_mini_rows_change_what_the_paper_rows_change(row: str) -> None:
     # Table 3 scores single checkpoints, trained as the paper trained (25k tokens per step, 100k steps)
     assert paper.checkpoint.average_last == 0 and mini.checkpoint.average_last == 0
     assert paper.tokens_per_step == 25000 and paper.trainer.max_steps == (300_000 if row == "big" else 100_000)
+    steps = mini.trainer.max_steps / mini_base.trainer.max_steps
+    assert steps == paper.trainer.max_steps / paper_base.trainer.max_steps  # big trains 3x longer
     for cfg, base in ((paper, paper_base), (mini, mini_base)):
         if row.startswith("A"):  # §6.2: the amount of computation stays constant
             assert cfg.model.n_heads * cfg.model.d_k == base.model.n_heads * base.model.d_k == base.model.d_model

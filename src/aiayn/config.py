@@ -13,9 +13,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from aiayn.loggers import run_label
+from aiayn.loggers import defining_overrides, run_label
 
-SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials
+SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
+RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
 
 
 def config_dir() -> str:
@@ -75,8 +76,8 @@ def sweep_dir() -> str | None:
 
 
 def sweep_parameters() -> set[str] | None:
-    """The parameters a sweep sets for this trial: the keys of the file ``wandb agent`` (and aiayn-sweep,
-    the same way) names in ``$WANDB_SWEEP_PARAM_PATH``; None outside a sweep or when it is unreadable."""
+    """The parameters a sweep sets for this trial: the keys of the file ``wandb agent`` names in
+    ``$WANDB_SWEEP_PARAM_PATH``; None outside a sweep or when it is unreadable."""
     path = os.environ.get("WANDB_SWEEP_PARAM_PATH")
     try:
         params = yaml.safe_load(Path(path).read_text()) if path else None
@@ -86,13 +87,17 @@ def sweep_parameters() -> set[str] | None:
 
 
 def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str) -> str:
-    """A run's folder: ``<sweep>/<the overrides its sweep sets>`` for a sweep's trial (a trial run again
-    finds its own folder, and continues from its last checkpoint), else ``outputs/<name>/<start time>``."""
+    """A run's folder: the one aiayn-sweep chose for its trial (``$AIAYN_RUN_DIR``: a trial run again
+    continues there from its last checkpoint); under ``wandb agent``, ``<sweep>/<the overrides the sweep
+    sets>-<W&B run id>`` (random and bayes may propose one setting twice); else
+    ``outputs/<name>/<start time>``."""
+    if os.environ.get(RUN_DIR_ENV):
+        return os.environ[RUN_DIR_ENV]
     if sweep:
         swept = sweep_parameters()
-        if swept is not None:
-            overrides = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in swept]
-        return str(Path(sweep) / run_label(list(overrides)))
+        chosen = [o for o in overrides if o.split("=", 1)[0] in swept] if swept else defining_overrides(overrides)
+        run_id = os.environ.get("WANDB_RUN_ID")
+        return str(Path(sweep) / (run_label(chosen) + (f"-{run_id}" if run_id else "")))
     return f"outputs/{name}/{now}"
 
 

@@ -190,10 +190,10 @@ def run_identity(experiment: str, overrides: Sequence[str], group: str | None = 
 
 
 def run_label(overrides: Sequence[str]) -> str:
-    """A folder name for a sweep's trial: its defining overrides, ``key=value`` joined by commas
-    (``experiment=mini_A1,seed=2``); path separators become ``_``, and a label too long for a file name
-    keeps its start and gains a hash of the whole."""
-    label = ",".join(defining_overrides(overrides)).replace(os.sep, "_") or "defaults"
+    """A folder name for a sweep's trial: ``overrides`` joined by commas (``experiment=mini_A1,seed=2``);
+    path separators become ``_``, and a label too long for a file name keeps its start and gains a hash
+    of the whole."""
+    label = ",".join(overrides).replace(os.sep, "_") or "defaults"
     if len(label.encode()) > MAX_LABEL_BYTES:
         digest = hashlib.sha1(label.encode()).hexdigest()[:10]
         label = label.encode()[: MAX_LABEL_BYTES - 11].decode(errors="ignore") + "-" + digest

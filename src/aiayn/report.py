@@ -27,7 +27,13 @@ AXES = (
     ("positional", "positional encoding", "positional"),
     ("size", "parameters (millions)", "params"),
 )
-SIZE_COLUMNS = ("N", "d_model", "d_ff")  # a model-size plot only when one of these varies
+# Per axis: the columns its settings may change, and those of which they must change one.
+AXIS_COLUMNS = {
+    "heads": ({"h", "d_k", "d_v"}, {"h"}),
+    "d_k": ({"d_k"}, {"d_k"}),
+    "positional": ({"positional"}, {"positional"}),
+    "size": ({"N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop"}, {"N", "d_model", "d_ff"}),
+}
 ROW_ORDER = {row: index for index, row in enumerate(PAPER)}
 
 
@@ -36,7 +42,7 @@ class Run:
     """A finished run: its folder, Table 3's columns of its config, its results."""
 
     folder: Path
-    label: str
+    overrides: tuple[str, ...]  # what defines it, sorted, without the seed
     seed: int
     columns: dict[str, Any]
     family: str | None
@@ -70,44 +76,57 @@ class Setting:
 
 
 def find_runs(paths: Iterable[Path]) -> tuple[list[Run], list[Path]]:
-    """Every finished run (a folder with ``results.json`` and ``config.yaml``) under ``paths``, and the run
-    folders without results (failed or unfinished)."""
-    runs, unfinished = [], []
+    """Every finished run (a folder with ``results.json`` and ``config.yaml``) under ``paths``, once
+    each, and the run folders without results (failed or unfinished)."""
+    finished: dict[Path, Run] = {}
+    unfinished: set[Path] = set()
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"{path}: no such run or sweep folder")
         for results in sorted(path.rglob("results.json")):
-            if (results.parent / "config.yaml").is_file():
-                runs.append(read_run(results.parent))
+            folder = results.parent.resolve()
+            if (folder / "config.yaml").is_file() and folder not in finished:
+                finished[folder] = read_run(folder)
         # Hydra writes .hydra/ into every run folder when it starts; results.json comes at the end.
-        unfinished += [h.parent for h in sorted(path.rglob(".hydra")) if not (h.parent / "results.json").exists()]
-    return runs, unfinished
+        unfinished |= {h.parent.resolve() for h in path.rglob(".hydra") if not (h.parent / "results.json").exists()}
+    return list(finished.values()), sorted(unfinished)
 
 
 def read_run(folder: Path) -> Run:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     results = json.loads((folder / "results.json").read_text())
-    overrides = [o for o in defining_overrides(results.get("overrides", [])) if not o.startswith("seed=")]
-    prefix = str(config.get("name", "")).split("_", 1)[0]
+    overrides = [o.lstrip("+") for o in defining_overrides(results.get("overrides", []))]
     return Run(
         folder=folder,
-        label=" ".join(overrides),
+        overrides=tuple(sorted(o for o in overrides if o.split("=", 1)[0] != "seed")),
         seed=int(config.get("seed", 0)),
         columns=dict(zip([heading for heading, _ in COLUMNS], columns_of(config), strict=True)),
-        family=prefix if prefix in FAMILIES else None,
+        family=family_of(folder, config),
         results=results,
     )
+
+
+def family_of(folder: Path, config: dict[str, Any]) -> str | None:
+    """``table3`` or ``mini`` when the run's experiment is one of their rows (Hydra's record of the
+    experiment chosen, else the run's name), else None."""
+    hydra_record = folder / ".hydra" / "hydra.yaml"
+    experiment = None
+    if hydra_record.is_file():
+        choices = (yaml.safe_load(hydra_record.read_text()) or {}).get("hydra", {}).get("runtime", {}).get("choices")
+        experiment = (choices or {}).get("experiment")
+    family = str(experiment).split("/", 1)[0] if experiment else str(config.get("name", "")).split("_", 1)[0]
+    return family if family in FAMILIES else None
 
 
 def group_settings(runs: Sequence[Run]) -> list[Setting]:
     """Runs grouped by their overrides without the seed; a setting's label leaves out the overrides all
     runs share (a sweep's fixed arguments). Settings that are Table 3 rows get the row's name."""
-    shared = set.intersection(*(set(run.label.split()) for run in runs)) if runs else set()
-    settings: dict[str, Setting] = {}
+    shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
+    settings: dict[tuple[str, ...], Setting] = {}
     for run in runs:
-        label = " ".join(part for part in run.label.split() if part not in shared) or "(as configured)"
-        setting = settings.setdefault(label, Setting(label, run.columns))
+        own = tuple(o for o in run.overrides if o not in shared)
+        setting = settings.setdefault(own, Setting(" ".join(own) or "(as configured)", run.columns))
         setting.runs.append(run)
     rows_by_family = {family: family_rows(family) for family in {run.family for run in runs} if family}
     for setting in settings.values():
@@ -133,7 +152,7 @@ def markdown_table(settings: Sequence[Setting]) -> str:
     base, *_ = settings = ordered(settings)
     headings = [
         "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "PPL (val)", "BLEU (val)",
-        "BLEU (test)", "minutes", "paper row", "paper PPL", "paper BLEU",
+        "BLEU (test)", "minutes", "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
     ]  # fmt: skip
     lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
     for setting in settings:
@@ -158,18 +177,27 @@ def markdown_table(settings: Sequence[Setting]) -> str:
             setting.paper_row or "",
             f"{paper.ppl:.2f}" if paper else "",
             f"{paper.bleu:.1f}" if paper else "",
+            f"{paper.params_millions or PAPER['base'].params_millions:g}" if paper else "",  # blank: as base
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str]]:
-    """The axes along which the settings vary: heads, d_k, positional encoding, model size."""
-    varying = {heading for heading in settings[0].columns if len({str(s.columns[heading]) for s in settings}) > 1}
+def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str, list[Setting]]]:
+    """The axes along which settings vary from the first (:func:`ordered`), each with its points: the
+    first setting and those that differ from it only in the axis's columns (rows A change h with d_k and
+    d_v; big changes the size and P_drop), in at least one of its key columns. An axis needs 2 points."""
+    base, *others = ordered(settings)
     chosen = []
     for name, label, column in AXES:
-        if (column == "params" and varying & set(SIZE_COLUMNS)) or column in varying:
-            chosen.append((name, label, column))
+        allowed, keys = AXIS_COLUMNS[name]
+        points = [base]
+        for setting in others:
+            changed = {h for h in setting.columns if setting.columns[h] != base.columns[h]}
+            if changed and changed <= allowed and changed & keys:
+                points.append(setting)
+        if len(points) > 1:
+            chosen.append((name, label, column, points))
     return chosen
 
 
@@ -182,10 +210,10 @@ def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     written = []
-    for name, label, column in plot_axes(settings):
+    for name, label, column, on_axis in plot_axes(settings):
         figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))
         categorical = column == "positional"
-        points = ordered(settings) if categorical else sorted(settings, key=lambda s: axis_value(s, column))
+        points = on_axis if categorical else sorted(on_axis, key=lambda s: axis_value(s, column))
         for panel, key, heading in ((panels[0], "val_bleu", "BLEU (val)"), (panels[1], "val_ppl", "perplexity (val)")):
             xs = [str(s.columns[column]) if categorical else axis_value(s, column) for s in points]
             means = [s.mean(key) for s in points]
@@ -202,7 +230,7 @@ def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
             panel.set_xlabel(label)
             panel.set_ylabel(heading)
             panel.grid(alpha=0.3)
-        seeds = max(len(s.runs) for s in settings)
+        seeds = max(len(s.runs) for s in on_axis)
         figure.suptitle(f"{label}: mean ± std over up to {seeds} seed(s)")
         figure.tight_layout()
         path = folder / f"bleu_ppl_vs_{name}.png"
@@ -219,15 +247,16 @@ def axis_value(setting: Setting, column: str) -> float:
     return float(setting.columns[column])
 
 
-def failed_trials(paths: Iterable[Path]) -> list[str]:
-    """A sweep's trials that did not finish (from its ``sweep.json``), as ``trial-0003 (exit code 1...)``."""
-    failed = []
+def failed_trials(paths: Iterable[Path]) -> dict[Path, str]:
+    """The trials of the sweeps under ``paths`` (their ``sweep.json``) that did not finish: run folder ->
+    ``trial-0003 (exit code 1...)``."""
+    failed = {}
     for path in paths:
-        state = Path(path) / "sweep.json"
-        if state.is_file():
+        for state in Path(path).rglob("sweep.json"):
             for trial in json.loads(state.read_text()).get("trials", []):
                 if trial.get("state") != "finished":
-                    failed.append(f"trial-{trial['number']:04d} ({trial.get('error')})")
+                    where = Path(trial.get("run_dir") or state.parent / f"trial-{trial['number']}").resolve()
+                    failed[where] = f"trial-{trial['number']:04d} ({trial.get('error')})"
     return failed
 
 
@@ -249,9 +278,10 @@ def write_report(paths: Sequence[Path], output: Path) -> tuple[str, list[Path]]:
         markdown_table(settings),
     ]
     failed = failed_trials(paths)
-    if failed or unfinished:
-        text += ["", f"Not in the table: {len(failed)} failed trial(s) {', '.join(failed)}; "
-                 f"{len(unfinished)} run folder(s) without results."]  # fmt: skip
+    others = [folder for folder in unfinished if folder not in failed]
+    if failed or others:
+        text += ["", f"Not in the table: {len(failed)} failed trial(s) {', '.join(failed.values())}; "
+                 f"{len(others)} other run folder(s) without results."]  # fmt: skip
     text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     markdown = "\n".join(text) + "\n"
     (output / "report.md").write_text(markdown)

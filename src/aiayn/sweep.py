@@ -11,6 +11,7 @@ ones again (they continue from their last checkpoint) and proposes new ones unti
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -18,14 +19,15 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from aiayn.config import SWEEP_DIR_ENV
+from aiayn.config import RUN_DIR_ENV, SWEEP_DIR_ENV
 from aiayn.loggers import run_label
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 ARGS_MACRO = "${args_no_hyphens}"  # W&B's macro for the parameters as key=value: Hydra's override syntax
 STATE_FILE = "sweep.json"
 FINISHED, FAILED, RUNNING = "finished", "failed", "running"
+STOP_SECONDS = 60  # a stopped trial's time to save a checkpoint and flush W&B before it is killed
 
 
 class SweepError(ValueError):
@@ -64,21 +67,31 @@ def load_sweep(path: Path) -> dict[str, Any]:
     command = config.get("command")
     if not isinstance(command, list) or ARGS_MACRO not in command:
         raise SweepError(f"{path}: command must pass the parameters as Hydra overrides: add {ARGS_MACRO} to it")
-    for name, spec in _leaf_parameters(config["parameters"]):
-        values = spec.get("values", [spec["value"]] if "value" in spec else [])
-        if any(value is None for value in values):
-            raise SweepError(f'{path}: parameters.{name} has a YAML null; W&B passes it as "None": write "null"')
+    if "${program}" in command and not config.get("program"):
+        raise SweepError(f"{path}: command uses ${{program}}; set program: aiayn-train (or name the program)")
+    for name, spec in config["parameters"].items():
+        check_parameter(path, name, spec)
     return config
 
 
-def _leaf_parameters(parameters: dict[str, Any], prefix: str = "") -> list[tuple[str, dict[str, Any]]]:
-    leaves = []
-    for name, spec in parameters.items():
-        if isinstance(spec, dict) and isinstance(spec.get("parameters"), dict):
-            leaves += _leaf_parameters(spec["parameters"], f"{prefix}{name}.")
-        elif isinstance(spec, dict):
-            leaves.append((f"{prefix}{name}", spec))
-    return leaves
+def check_parameter(path: Path, name: str, spec: dict[str, Any]) -> None:
+    """A parameter must reach Hydra as one plain override: no nested parameters (they arrive as a dict),
+    no YAML null (W&B passes it as "None"), and values Hydra reads as one value (``a,b`` is a sweep)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if "parameters" in spec:
+        raise SweepError(f'{path}: parameters.{name} is nested; Hydra takes no dict: use dotted keys ("{name}.x:")')
+    parser = OverridesParser.create()
+    for value in spec.get("values", [spec["value"]] if "value" in spec else []):
+        if value is None:
+            raise SweepError(f'{path}: parameters.{name} has a YAML null; W&B passes it as "None": write "null"')
+        try:
+            (override,) = parser.parse_overrides([f"{name}={value}"])
+        except HydraException as error:
+            raise SweepError(f"{path}: parameters.{name}: {value!r} is not a Hydra override value ({error})") from None
+        if override.is_sweep_override():
+            raise SweepError(f"{path}: parameters.{name}: {value!r} reads as a Hydra sweep; quote it: \"'{value}'\"")
 
 
 def _sweeps() -> Any:
@@ -236,36 +249,68 @@ def run_sweep(
     config = load_sweep(source)
     folder = Path(folder or default_folder(config, source)).resolve()
     total = trial_count(config, count, source)
-    state = SweepState.open(folder, config, source)
-    state.save()
+    folder.mkdir(parents=True, exist_ok=True)
+    with exclusive(folder):
+        state = SweepState.open(folder, config, source)
+        state.save()
+        run_trials(state, total, parallel, report)
+    return state.trials
+
+
+@contextmanager
+def exclusive(folder: Path) -> Iterator[None]:
+    """One runner per sweep folder: a second would start the same trials in the same run folders."""
+    with open(folder / ".lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SweepError(f"another aiayn-sweep is running in {folder}; wait for it or stop it") from None
+        yield
+
+
+def run_trials(state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None]) -> None:
     queue = [trial for trial in state.trials if trial.state != FINISHED]
-    env = trial_environment(folder, parallel)
+    env = trial_environment(state.folder, parallel)
     running: dict[int, tuple[Trial, subprocess.Popen[bytes], float]] = {}
+
+    def finish(trial: Trial, returncode: int, started: float) -> None:
+        finish_trial(trial, returncode, time.monotonic() - started, state.config)
+        state.save()
+        report(trial)
+
     try:
         while True:
             while len(running) < parallel:
                 trial = queue.pop(0) if queue else new_trial(state, total)
                 if trial is None:
                     break
-                running[trial.number] = (trial, *start_trial(trial, config, folder, env))
+                process, started = start_trial(trial, state, env)
                 state.save()
+                if process is None:
+                    report(trial)
+                else:
+                    running[trial.number] = (trial, process, started)
             if not running:
                 break
             for number, (trial, process, started) in list(running.items()):
                 if process.poll() is not None:
                     del running[number]
-                    finish_trial(trial, process.returncode, time.monotonic() - started, config)
-                    state.save()
-                    report(trial)
+                    finish(trial, process.returncode, started)
             time.sleep(0.2)
-    except BaseException:
-        for trial, process, _ in running.values():  # Ctrl-C: they stop and are run again next time
-            process.terminate()
-            process.wait()
-            trial.state, trial.error = FAILED, "interrupted"
-        state.save()
+    except BaseException:  # Ctrl-C or SIGTERM: stop the trials (they are run again, and continue, next time)
+        for trial, process, started in running.values():
+            if process.poll() is None:
+                process.terminate()  # Lightning and W&B get to save and flush
+                try:
+                    process.wait(timeout=STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+                trial.state, trial.error = FAILED, "interrupted"
+                state.save()
+            else:
+                finish(trial, process.returncode, started)
         raise
-    return state.trials
 
 
 def new_trial(state: SweepState, total: int | None) -> Trial | None:
@@ -285,6 +330,8 @@ def trial_environment(folder: Path, parallel: int) -> dict[str, str]:
     from aiayn.cpus import available_cpus
 
     env = dict(os.environ)
+    for name in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_RUN_GROUP"):  # a surrounding W&B run's
+        env.pop(name, None)
     env[SWEEP_DIR_ENV] = str(folder)
     env.setdefault("WANDB_MODE", "offline")
     if parallel > 1:
@@ -292,23 +339,36 @@ def trial_environment(folder: Path, parallel: int) -> dict[str, str]:
     return env
 
 
-def start_trial(
-    trial: Trial, config: dict[str, Any], folder: Path, env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], float]:
-    trial.command = trial_command(config, trial.params)
+def trial_folder(trial: Trial, state: SweepState) -> str:
+    """The trial's run folder, named after its parameters; a second trial of the same parameters (random
+    and bayes may propose them again) gets its own, suffixed with its trial number."""
+    if trial.run_dir:  # run again: continue in its own folder
+        return trial.run_dir
+    folder = str(state.folder / run_label([f"{key}={value}" for key, value in trial.params.items()]))
+    if any(other.run_dir == folder for other in state.trials if other is not trial):
+        folder += f"-{trial.name}"
+    return folder
+
+
+def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[subprocess.Popen[bytes] | None, float]:
+    """Start the trial's process (None when it cannot start: the trial is recorded as failed)."""
+    trial.command = trial_command(state.config, trial.params)
+    trial.run_dir = trial_folder(trial, state)
     trial.state, trial.returncode, trial.metric, trial.error = RUNNING, None, None, None
-    logs = folder / "logs"
+    logs = state.folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # As `wandb agent` does: the trial's parameters in W&B's format, named by $WANDB_SWEEP_PARAM_PATH
-    # (W&B records them in the run's config; conf/train.yaml names the run folder after them).
+    # (W&B records them in the run's config).
     params = logs / f"{trial.name}.params.yaml"
     params.write_text(yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
-    trial.run_dir = str(folder / run_label([f"{key}={value}" for key, value in trial.params.items()]))
     log.info("%s: %s", trial.name, " ".join(trial.command))
+    trial_env = {**env, "WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: trial.run_dir}
     with open(logs / f"{trial.name}.log", "ab") as output:
-        process = subprocess.Popen(
-            trial.command, stdout=output, stderr=subprocess.STDOUT, env={**env, "WANDB_SWEEP_PARAM_PATH": str(params)}
-        )
+        try:
+            process = subprocess.Popen(trial.command, stdout=output, stderr=subprocess.STDOUT, env=trial_env)
+        except OSError as error:
+            trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror}"
+            return None, time.monotonic()
     return process, time.monotonic()
 
 
@@ -325,5 +385,10 @@ def finish_trial(trial: Trial, returncode: int, seconds: float, config: dict[str
     trial.state = FINISHED
     metric = config.get("metric", {}).get("name")
     if metric:
-        value = json.loads(results.read_text()).get(metric)
-        trial.metric = float(value) if isinstance(value, (int, float)) else None
+        summary = json.loads(results.read_text())
+        value = summary.get(metric)
+        if isinstance(value, (int, float)):
+            trial.metric = float(value)
+        else:  # bayes would search blind: say so
+            trial.error = f"metric.name {metric!r} is not a number in results.json; it has {', '.join(summary)}"
+            log.warning("%s: %s", trial.name, trial.error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -50,7 +51,10 @@ def dry_run(args: argparse.Namespace) -> int:
     config = load_sweep(args.sweep)
     limit = trial_count(config, args.count, args.sweep) if config["method"] == "grid" or args.count else None
     failures = 0
-    for number, params in enumerate(expand(config, limit or DRY_RUN_LIMIT), start=1):
+    trials = expand(config, limit or DRY_RUN_LIMIT)
+    if limit is None and len(trials) == DRY_RUN_LIMIT:
+        print(f"the first {DRY_RUN_LIMIT} trials of a {config['method']} sweep (--count N for more):")
+    for number, params in enumerate(trials, start=1):
         command = trial_command(config, params)
         print(f"trial {number}: {' '.join(command)}")
         try:
@@ -67,13 +71,22 @@ def show(trial: Trial) -> None:
     print(f"{trial.name} {trial.state} ({outcome}): {params}", flush=True)
 
 
+def stop(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # `kill` stops the trials too, as Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, stop)
     with reported_as_usage_errors("aiayn-sweep"):
         if args.dry_run:
             sys.exit(dry_run(args))
-        trials = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
+        try:
+            trials = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
+        except KeyboardInterrupt:
+            print("aiayn-sweep: interrupted; run the same command again to continue", file=sys.stderr)
+            sys.exit(130)
     folder = args.dir or default_folder(load_sweep(args.sweep), args.sweep)
     failed = [trial for trial in trials if trial.state != FINISHED]
     print(f"{len(trials) - len(failed)} of {len(trials)} trials finished; folder {folder}")
