@@ -16,7 +16,9 @@ from aiayn.report import write_report
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="aiayn-report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="aiayn-report", description="A Table-3-style markdown table and plots of finished runs."
+    )
     parser.add_argument("paths", type=Path, nargs="+", help="run folders, sweep folders, or folders holding them")
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first path)")
     parser.add_argument("--wandb", choices=WANDB_MODES, default="auto", help="W&B for the report (auto: if logged in)")

@@ -35,7 +35,9 @@ DRY_RUN_LIMIT = 100  # trials listed for a random or bayes sweep without a count
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="aiayn-sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="aiayn-sweep", description="Run a W&B sweep file's trials here, without a W&B server."
+    )
     parser.add_argument("sweep", type=Path, help="a W&B sweep file (sweeps/*.yaml)")
     parser.add_argument("--dir", type=Path, help="the sweep's folder (default: outputs/sweeps/<sweep name>)")
     parser.add_argument(
