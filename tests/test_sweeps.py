@@ -91,6 +91,12 @@ def write_sweep(path: Path, text: str) -> Path:
             "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${program}', '${args_no_hyphens}']\n",
             "set program:",
         ),
+        ("method: bayes\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", 'requires "metric"'),
+        (
+            "method: grid\nprogram: aiayn-train\nparameters: {seed: {values: [1]}}\n"
+            "command: ['${interpreter}', '${program}', '${args_no_hyphens}']\n",
+            "drop it for a console script",
+        ),
         ("method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", None),
     ],
 )
@@ -102,6 +108,13 @@ def test_bad_sweep_files_are_refused_with_the_fix(text: str, message: str | None
         return
     with pytest.raises(SweepError, match=message):
         load_sweep(path)
+
+
+def test_run_cap_bounds_a_random_sweep(tmp_path: Path) -> None:
+    text = "method: random\nrun_cap: 3\nparameters: {seed: {min: 1, max: 1000}}\n"
+    text += "command: [aiayn-train, '${args_no_hyphens}']\n"
+    result = run_sweep_cli([str(write_sweep(tmp_path / "s.yaml", text)), "--dry-run"], tmp_path)
+    assert result.returncode == 0 and result.stdout.count("trial ") == 3, result.stderr
 
 
 def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> None:
@@ -133,11 +146,9 @@ def test_a_setting_proposed_twice_gets_a_second_folder(tmp_path: Path) -> None:
             tmp_path / "s.yaml", "method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
         )
     )
-    state = SweepState(
-        tmp_path, config, [Trial(1, {"seed": 1}, run_dir=str(tmp_path / "seed=1")), Trial(2, {"seed": 1})]
-    )
-    assert trial_folder(state.trials[1], state) == str(tmp_path / "seed=1-trial-0002")
-    assert trial_folder(state.trials[0], state) == str(tmp_path / "seed=1")  # run again: its own folder
+    state = SweepState(tmp_path, config, [Trial(1, {"seed": 1}, run_dir="seed=1"), Trial(2, {"seed": 1})])
+    assert trial_folder(state.trials[1], state) == "seed=1-trial-0002"  # relative: the sweep's folder may move
+    assert trial_folder(state.trials[0], state) == "seed=1"  # run again: its own folder
 
 
 TINY_SWEEP = """\
@@ -183,12 +194,14 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
     state = json.loads((folder / "sweep.json").read_text())
     assert [t["state"] for t in state["trials"]] == ["finished", "failed", "finished"]  # ... and the rest ran
     assert "model.positional='broken' must be one of" in (folder / "logs" / "trial-0002.log").read_text()
-    finished = {t["run_dir"]: Path(t["run_dir"], "results.json").stat().st_mtime_ns for t in state["trials"][::2]}
+    finished = {
+        folder / t["run_dir"]: (folder / t["run_dir"] / "results.json").stat().st_mtime_ns for t in state["trials"][::2]
+    }
     assert sorted(Path(d).name for d in finished) == ["model.positional=none", "model.positional=sinusoidal"]
     for trial in state["trials"][::2]:
-        results = json.loads(Path(trial["run_dir"], "results.json").read_text())
+        results = json.loads((folder / trial["run_dir"] / "results.json").read_text())
         assert results["steps"] == 3 and trial["metric"] == results["val_bleu"]
-        (wandb_run,) = offline_runs(Path(trial["run_dir"]))  # W&B offline, grouped by the sweep
+        (wandb_run,) = offline_runs(folder / trial["run_dir"])  # W&B offline, grouped by the sweep
         assert (
             wandb_run.group == "sweep/tiny"
             and wandb_run.config["model.positional"] == trial["params"]["model.positional"]
@@ -207,7 +220,7 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
         text=True,
         check=True,
     )
-    assert "| model.positional=sinusoidal |" in report.stdout and "1 failed trial(s) trial-0002" in report.stdout
+    assert "| model.positional=sinusoidal |" in report.stdout and "1 unfinished trial(s) trial-0002" in report.stdout
     assert (folder / "report.md").is_file() and (folder / "bleu_ppl_vs_positional.png").stat().st_size > 1000
 
 
@@ -225,7 +238,8 @@ def test_one_runner_per_sweep_folder(tmp_path: Path) -> None:
 def test_a_folder_of_another_sweep_is_not_mixed_in(tmp_path: Path) -> None:
     folder = tmp_path / "sweep"
     folder.mkdir()
-    (folder / "sweep.json").write_text(json.dumps({"config": {"method": "grid"}, "trials": []}))
+    trial = {"number": 1, "params": {"seed": 1}, "state": "finished"}
+    (folder / "sweep.json").write_text(json.dumps({"config": {"method": "grid"}, "trials": [trial]}))
     text = "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
     sweep = write_sweep(tmp_path / "s.yaml", text)
     result = run_sweep_cli([str(sweep), "--dir", str(folder)], tmp_path)

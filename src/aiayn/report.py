@@ -43,7 +43,7 @@ class Run:
 
     folder: Path
     overrides: tuple[str, ...]  # what defines it, sorted, without the seed
-    seed: int
+    seed: int | None
     columns: dict[str, Any]
     family: str | None
     results: dict[str, Any]
@@ -59,7 +59,9 @@ class Setting:
     paper_row: str | None = None
 
     def values(self, key: str) -> list[float]:
-        return [float(run.results[key]) for run in self.runs if isinstance(run.results.get(key), (int, float))]
+        """The runs' finite values of ``key`` (a diverged run's perplexity is inf or NaN: left out)."""
+        values = [run.results.get(key) for run in self.runs]
+        return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
     def mean(self, key: str) -> float | None:
         values = self.values(key)
@@ -97,11 +99,15 @@ def read_run(folder: Path) -> Run:
     config = yaml.safe_load((folder / "config.yaml").read_text())
     results = json.loads((folder / "results.json").read_text())
     overrides = [o.lstrip("+") for o in defining_overrides(results.get("overrides", []))]
+    try:
+        columns = columns_of(config)
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"{folder / 'config.yaml'}: no {error} key; not a run of aiayn-train") from None
     return Run(
         folder=folder,
         overrides=tuple(sorted(o for o in overrides if o.split("=", 1)[0] != "seed")),
-        seed=int(config.get("seed", 0)),
-        columns=dict(zip([heading for heading, _ in COLUMNS], columns_of(config), strict=True)),
+        seed=config.get("seed"),
+        columns=dict(zip([heading for heading, _ in COLUMNS], columns, strict=True)),
         family=family_of(folder, config),
         results=results,
     )
@@ -124,10 +130,14 @@ def group_settings(runs: Sequence[Run]) -> list[Setting]:
     runs share (a sweep's fixed arguments). Settings that are Table 3 rows get the row's name."""
     shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
     settings: dict[tuple[str, ...], Setting] = {}
-    for run in runs:
+    newest_first = sorted(runs, key=lambda run: (run.folder / "results.json").stat().st_mtime, reverse=True)
+    for run in newest_first:
         own = tuple(o for o in run.overrides if o not in shared)
         setting = settings.setdefault(own, Setting(" ".join(own) or "(as configured)", run.columns))
-        setting.runs.append(run)
+        if run.seed is None or all(other.seed != run.seed for other in setting.runs):
+            setting.runs.append(run)  # one run per seed (two sweeps may both hold base): the newest
+        else:
+            log.info("%s repeats seed %s of %s; the newer run counts", run.folder, run.seed, setting.label)
     rows_by_family = {family: family_rows(family) for family in {run.family for run in runs} if family}
     for setting in settings.values():
         family = setting.runs[0].family
@@ -247,16 +257,17 @@ def axis_value(setting: Setting, column: str) -> float:
     return float(setting.columns[column])
 
 
-def failed_trials(paths: Iterable[Path]) -> dict[Path, str]:
-    """The trials of the sweeps under ``paths`` (their ``sweep.json``) that did not finish: run folder ->
-    ``trial-0003 (exit code 1...)``."""
+def failed_trials(paths: Iterable[Path], finished: set[Path]) -> dict[Path, str]:
+    """The trials of the sweeps under ``paths`` (their ``sweep.json``) without a finished run: run folder
+    -> ``trial-0003 (exit code 1...)``, or ``(running)``."""
     failed = {}
     for path in paths:
         for state in Path(path).rglob("sweep.json"):
             for trial in json.loads(state.read_text()).get("trials", []):
-                if trial.get("state") != "finished":
-                    where = Path(trial.get("run_dir") or state.parent / f"trial-{trial['number']}").resolve()
-                    failed[where] = f"trial-{trial['number']:04d} ({trial.get('error')})"
+                where = (state.parent / (trial.get("run_dir") or f"trial-{trial['number']}")).resolve()
+                if trial.get("state") != "finished" and where not in finished:
+                    why = "running" if trial.get("state") == "running" else trial.get("error")
+                    failed[where] = f"trial-{trial['number']:04d} ({why})"
     return failed
 
 
@@ -277,10 +288,10 @@ def write_report(paths: Sequence[Path], output: Path) -> tuple[str, list[Path]]:
         "",
         markdown_table(settings),
     ]
-    failed = failed_trials(paths)
+    failed = failed_trials(paths, {run.folder for run in runs})
     others = [folder for folder in unfinished if folder not in failed]
     if failed or others:
-        text += ["", f"Not in the table: {len(failed)} failed trial(s) {', '.join(failed.values())}; "
+        text += ["", f"Not in the table: {len(failed)} unfinished trial(s) {', '.join(failed.values())}; "
                  f"{len(others)} other run folder(s) without results."]  # fmt: skip
     text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     markdown = "\n".join(text) + "\n"

@@ -15,6 +15,7 @@ import fcntl
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 ARGS_MACRO = "${args_no_hyphens}"  # W&B's macro for the parameters as key=value: Hydra's override syntax
 STATE_FILE = "sweep.json"
 FINISHED, FAILED, RUNNING = "finished", "failed", "running"
-STOP_SECONDS = 60  # a stopped trial's time to save a checkpoint and flush W&B before it is killed
+STOP_SECONDS = 60  # stopped trials' time to end cleanly and flush W&B before they are killed
 
 
 class SweepError(ValueError):
@@ -59,8 +60,8 @@ def load_sweep(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise SweepError(f"{path}: a sweep file is a YAML mapping with method, parameters and command")
     engine = _sweeps()
-    try:
-        engine.SweepConfig(config)
+    try:  # run_cap is the server's key (its total of trials), not in the engine's schema
+        engine.SweepConfig({key: value for key, value in config.items() if key != "run_cap"})
     except (ValidationError, ValueError) as error:
         message = str(error).splitlines()[0]
         raise SweepError(f"{path}: not a valid W&B sweep: {message}") from None
@@ -69,8 +70,19 @@ def load_sweep(path: Path) -> dict[str, Any]:
         raise SweepError(f"{path}: command must pass the parameters as Hydra overrides: add {ARGS_MACRO} to it")
     if "${program}" in command and not config.get("program"):
         raise SweepError(f"{path}: command uses ${{program}}; set program: aiayn-train (or name the program)")
+    script = (
+        command.index("${program}") if "${program}" in command else None
+    )  # W&B's default: ${interpreter} ${program}
+    if script and command[script - 1] == "${interpreter}" and not str(config.get("program")).endswith(".py"):
+        raise SweepError(f"{path}: ${{interpreter}} runs Python scripts; drop it for a console script like aiayn-train")
     for name, spec in config["parameters"].items():
         check_parameter(path, name, spec)
+    try:  # what the engine checks only when it proposes (bayes needs a metric, grid needs discrete values)
+        propose(config, [])
+    except ValueError as error:
+        raise SweepError(f"{path}: {error}") from None
+    if "early_terminate" in config:
+        log.warning("%s: aiayn-sweep runs every trial to its end; early_terminate applies under wandb agent only", path)
     return config
 
 
@@ -162,7 +174,7 @@ class Trial:
     params: dict[str, Any]
     state: str = RUNNING
     command: list[str] = field(default_factory=list)
-    run_dir: str | None = None
+    run_dir: str | None = None  # relative to the sweep's folder (which may move)
     returncode: int | None = None
     metric: float | None = None
     error: str | None = None
@@ -203,7 +215,7 @@ class SweepState:
             trials = [Trial(**trial) for trial in saved["trials"]]
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise SweepError(f"{path}: unreadable sweep state ({error}); move it away to start afresh") from None
-        if saved.get("config") != json.loads(json.dumps(config)):
+        if trials and saved.get("config") != json.loads(json.dumps(config)):
             raise SweepError(
                 f"{folder} holds a sweep of another config than {source}; pass --dir <another folder> "
                 "or move the old one away"
@@ -274,7 +286,7 @@ def run_trials(state: SweepState, total: int | None, parallel: int, report: Call
     running: dict[int, tuple[Trial, subprocess.Popen[bytes], float]] = {}
 
     def finish(trial: Trial, returncode: int, started: float) -> None:
-        finish_trial(trial, returncode, time.monotonic() - started, state.config)
+        finish_trial(trial, returncode, time.monotonic() - started, state)
         state.save()
         report(trial)
 
@@ -298,18 +310,25 @@ def run_trials(state: SweepState, total: int | None, parallel: int, report: Call
                     finish(trial, process.returncode, started)
             time.sleep(0.2)
     except BaseException:  # Ctrl-C or SIGTERM: stop the trials (they are run again, and continue, next time)
-        for trial, process, started in running.values():
-            if process.poll() is None:
-                process.terminate()  # Lightning and W&B get to save and flush
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan them
+        try:
+            for _, process, _ in running.values():
+                if process.poll() is None:
+                    process.terminate()  # Lightning and W&B stop cleanly and flush
+            deadline = time.monotonic() + STOP_SECONDS
+            for trial, process, started in running.values():
                 try:
-                    process.wait(timeout=STOP_SECONDS)
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()
-                trial.state, trial.error = FAILED, "interrupted"
-                state.save()
-            else:
-                finish(trial, process.returncode, started)
+                if process.returncode == 0:  # it finished before it could stop
+                    finish(trial, 0, started)
+                else:
+                    trial.state, trial.error = FAILED, "interrupted"
+                    state.save()
+        finally:
+            signal.signal(signal.SIGINT, previous)
         raise
 
 
@@ -344,7 +363,7 @@ def trial_folder(trial: Trial, state: SweepState) -> str:
     and bayes may propose them again) gets its own, suffixed with its trial number."""
     if trial.run_dir:  # run again: continue in its own folder
         return trial.run_dir
-    folder = str(state.folder / run_label([f"{key}={value}" for key, value in trial.params.items()]))
+    folder = run_label([f"{key}={value}" for key, value in trial.params.items()])
     if any(other.run_dir == folder for other in state.trials if other is not trial):
         folder += f"-{trial.name}"
     return folder
@@ -362,7 +381,7 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
     params = logs / f"{trial.name}.params.yaml"
     params.write_text(yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
     log.info("%s: %s", trial.name, " ".join(trial.command))
-    trial_env = {**env, "WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: trial.run_dir}
+    trial_env = {**env, "WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: str(state.folder / trial.run_dir)}
     with open(logs / f"{trial.name}.log", "ab") as output:
         try:
             process = subprocess.Popen(trial.command, stdout=output, stderr=subprocess.STDOUT, env=trial_env)
@@ -372,10 +391,11 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
     return process, time.monotonic()
 
 
-def finish_trial(trial: Trial, returncode: int, seconds: float, config: dict[str, Any]) -> None:
+def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepState) -> None:
     """Record how a trial ended: finished with its metric (from the run's ``results.json``) or failed."""
     trial.returncode, trial.seconds = returncode, seconds
-    results = Path(trial.run_dir or "") / "results.json"
+    config = state.config
+    results = state.folder / (trial.run_dir or "") / "results.json"
     if returncode != 0:
         trial.state, trial.error = FAILED, f"exit code {returncode}; see logs/{trial.name}.log"
         return

@@ -51,7 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def dry_run(args: argparse.Namespace) -> int:
     """Print each trial's command; 0 when every one composes, else 2 with Hydra's reason per trial."""
     config = load_sweep(args.sweep)
-    limit = trial_count(config, args.count, args.sweep) if config["method"] == "grid" or args.count else None
+    ends = config["method"] == "grid" or args.count or config.get("run_cap")
+    limit = trial_count(config, args.count, args.sweep) if ends else None
     failures = 0
     trials = expand(config, limit or DRY_RUN_LIMIT)
     if limit is None and len(trials) == DRY_RUN_LIMIT:
