@@ -130,14 +130,17 @@ def group_settings(runs: Sequence[Run]) -> list[Setting]:
     runs share (a sweep's fixed arguments). Settings that are Table 3 rows get the row's name."""
     shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
     settings: dict[tuple[str, ...], Setting] = {}
-    newest_first = sorted(runs, key=lambda run: (run.folder / "results.json").stat().st_mtime, reverse=True)
-    for run in newest_first:
+    for run in runs:  # in the order found: the table's order after the paper's rows
         own = tuple(o for o in run.overrides if o not in shared)
         setting = settings.setdefault(own, Setting(" ".join(own) or "(as configured)", run.columns))
-        if run.seed is None or all(other.seed != run.seed for other in setting.runs):
-            setting.runs.append(run)  # one run per seed (two sweeps may both hold base): the newest
-        else:
-            log.info("%s repeats seed %s of %s; the newer run counts", run.folder, run.seed, setting.label)
+        same = next((other for other in setting.runs if run.seed is not None and other.seed == run.seed), None)
+        if same is None:
+            setting.runs.append(run)
+            continue
+        # one run per seed (two sweeps may both hold base; a seed may be proposed twice): the newest
+        newer, older = sorted((run, same), key=lambda r: (r.folder / "results.json").stat().st_mtime, reverse=True)
+        setting.runs[setting.runs.index(same)] = newer
+        log.info("%s repeats seed %s of %s; %s counts", older.folder, run.seed, setting.label, newer.folder)
     rows_by_family = {family: family_rows(family) for family in {run.family for run in runs} if family}
     for setting in settings.values():
         family = setting.runs[0].family
