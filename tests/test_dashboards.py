@@ -15,14 +15,14 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from pytorch_lightning.loggers import CSVLogger
 from tensorboardX.proto import event_pb2
 
 from aiayn.config import compose_run_config
 from aiayn.dashboard import ascii_label, attention_image
 from aiayn.data.corpus import read_lines
 from aiayn.hardware import peak_flops
-from aiayn.loggers import RunIdentity, WandbRunLogger, build_loggers, run_identity, wandb_mode
+from aiayn.loggers import RunIdentity, TensorBoardRunLogger, WandbRunLogger, build_loggers, run_identity, wandb_mode
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
 from aiayn.train import progress_style, train
 from wandb_records import offline_runs
@@ -103,6 +103,8 @@ def test_logger_tensorboard_gets_the_metrics_samples_and_attention_images(
 ) -> None:
     overrides = tiny_run(multi30k_root, cache_dir, "logger=tensorboard", "trainer.max_steps=6")
     train(compose_run_config(overrides), tmp_path, overrides)
+    # one event file: the test's, opened anew, could share the first's name (its second) and replace it
+    assert len(list((tmp_path / "tensorboard").rglob("events.out.tfevents.*"))) == 1
     tags = tensorboard_tags(tmp_path / "tensorboard")
     assert {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/bleu", "val/ppl"} <= tags
     assert "val/samples/text_summary" in tags
@@ -223,7 +225,7 @@ def test_run_names_keep_what_changes_the_model_and_groups_follow_the_sweep() -> 
 
 
 @pytest.mark.parametrize(
-    ("option", "dashboard"), [("wandb", WandbRunLogger), ("tensorboard", TensorBoardLogger), ("none", None)]
+    ("option", "dashboard"), [("wandb", WandbRunLogger), ("tensorboard", TensorBoardRunLogger), ("none", None)]
 )
 def test_every_logger_option_writes_csv_too(
     option: str, dashboard: type | None, tmp_path: Path, wandb_offline: None

@@ -21,7 +21,7 @@ import pytorch_lightning as pl
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
-from pytorch_lightning.loggers import CSVLogger, Logger, WandbLogger
+from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
@@ -162,6 +162,21 @@ class WandbRunLogger(WandbLogger):
             log.info("W&B run: %s", run.url)
 
 
+class TensorBoardRunLogger(TensorBoardLogger):
+    """Lightning's TensorBoard logger with one event file per run. Lightning finalizes loggers after fit
+    and again after test; closing the writer after fit makes the test's scalars open a second file, and
+    when fit took under a second both carry the same name (``events.out.tfevents.<second>.<host>``): the
+    second replaces the first. Here Lightning's finalize only flushes; :meth:`close` ends the file."""
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self._experiment.flush()
+
+    def close(self, status: str) -> None:
+        super().finalize(status)
+
+
 @dataclass(frozen=True)
 class RunIdentity:
     """How a run is named and grouped on the dashboard."""
@@ -267,6 +282,8 @@ def finish_loggers(loggers: Sequence[Logger], failed: bool, summary: dict[str, A
         try:
             if isinstance(logger, WandbRunLogger):
                 logger.finish(failed, summary)
+            elif isinstance(logger, TensorBoardRunLogger):
+                logger.close("failed" if failed else "success")
             else:
                 logger.finalize("failed" if failed else "success")
         except Exception:
