@@ -4,9 +4,10 @@ built by the W&B agent's own code from the file's ``command``, and each trial is
 
 A sweep's folder (``outputs/sweeps/<name>`` by default) holds ``sweep.json`` (the sweep file's config and
 every trial: parameters, state, exit code, metric), ``logs/<trial>.log`` (each trial's output) and the
-trials' run folders, ``<folder>/<their swept overrides>`` (handed to each trial as ``$AIAYN_RUN_DIR``, which
-conf/train.yaml's run folder follows; ``$AIAYN_SWEEP_DIR`` groups the W&B runs). Run again, a sweep skips its finished trials, runs failed and interrupted
-ones again (they continue from their last checkpoint) and proposes new ones until it has its count.
+trials' run folders, ``<folder>/<their swept overrides>`` (handed to each trial as ``$AIAYN_RUN_DIR``,
+which conf/train.yaml's run folder follows; ``$AIAYN_SWEEP_DIR`` groups the W&B runs). Run again, a sweep
+skips its finished trials, runs failed and interrupted ones again (they continue from their last
+checkpoint) and proposes new ones until it has its count.
 """
 
 from __future__ import annotations
