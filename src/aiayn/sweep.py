@@ -253,10 +253,10 @@ def run_sweep(
     count: int | None = None,
     parallel: int = 1,
     report: Callable[[Trial], None] = lambda trial: None,
-) -> list[Trial]:
+) -> SweepState:
     """Run the sweep file ``source`` until it has ``count`` trials (see :func:`trial_count`), ``parallel``
-    processes at a time; returns every trial of the sweep. A trial that fails is recorded and the others
-    go on."""
+    processes at a time; returns the sweep's state (its folder, every trial). A trial that fails is
+    recorded and the others go on."""
     if parallel < 1:
         raise SweepError(f"--parallel {parallel}: run at least one trial at a time")
     config = load_sweep(source)
@@ -267,7 +267,7 @@ def run_sweep(
         state = SweepState.open(folder, config, source)
         state.save()
         run_trials(state, total, parallel, report)
-    return state.trials
+    return state
 
 
 @contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -23,7 +24,6 @@ from aiayn.sweep import (
     FINISHED,
     Trial,
     command_overrides,
-    default_folder,
     expand,
     load_sweep,
     run_sweep,
@@ -86,11 +86,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run:
             sys.exit(dry_run(args))
         try:
-            trials = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
+            state = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
         except KeyboardInterrupt:
             print("aiayn-sweep: interrupted; run the same command again to continue", file=sys.stderr)
             sys.exit(130)
-    folder = args.dir or default_folder(load_sweep(args.sweep), args.sweep)
+    trials, folder = state.trials, os.path.relpath(state.folder)
     failed = [trial for trial in trials if trial.state != FINISHED]
     print(f"{len(trials) - len(failed)} of {len(trials)} trials finished; folder {folder}")
     print(f"table and plots: aiayn-report {folder}")
