@@ -7,9 +7,11 @@ import math
 import pytest
 import sacrebleu
 import torch
+import torch.nn.functional as F
 from torchmetrics.text import SacreBLEUScore
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
+from aiayn.loss import label_smoothed_cross_entropy
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.module import TranslationModule
 from aiayn.scoring import BLEU_SETTINGS
@@ -41,7 +43,7 @@ def test_tied_logits_start_near_uniform(norm_first: bool) -> None:
     model = Transformer(TransformerConfig(**MODEL, norm_first=norm_first))
     src = torch.randint(4, 8000, (8, 12))
     tgt_in, tgt_out = torch.randint(4, 8000, (8, 10)), torch.randint(4, 8000, (8, 10))
-    loss = torch.nn.functional.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
+    loss = F.cross_entropy(model(src, tgt_in).flatten(0, 1), tgt_out.flatten())
     assert abs(loss.item() - math.log(8000)) / math.log(8000) < 0.1
 
 
@@ -64,3 +66,29 @@ def test_torchmetrics_bleu_equals_sacrebleu_on_real_text() -> None:
     expected = sacrebleu.corpus_bleu(hyps, [refs]).score
     assert 100 * metric.compute().item() == pytest.approx(expected, abs=1e-3)
     assert 10 < expected < 90
+
+
+@pytest.mark.parametrize(("smoothing", "ignore_index"), [(0.1, 0), (0.0, 0), (0.3, -100)])
+def test_label_smoothed_loss_and_gradient_equal_torch_cross_entropy(smoothing: float, ignore_index: int) -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(6, 9, 50, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 50, (6, 9))
+    target[:, -3:] = ignore_index
+    expected = F.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=ignore_index, label_smoothing=smoothing, reduction="sum"
+    )
+    (expected_grad,) = torch.autograd.grad(expected / 7, logits)
+    total = label_smoothed_cross_entropy(logits, target, smoothing, ignore_index)
+    (grad,) = torch.autograd.grad(total / 7, logits)
+    torch.testing.assert_close(total, expected)
+    torch.testing.assert_close(grad, expected_grad)
+    assert grad[:, -3:].abs().max() == 0  # ignored positions get no gradient
+
+
+def test_label_smoothed_loss_upcasts_bfloat16_logits() -> None:
+    logits = torch.randn(4, 30).to(torch.bfloat16)
+    target = torch.randint(0, 30, (4,))
+    total = label_smoothed_cross_entropy(logits, target, 0.1, -100)
+    assert total.dtype == torch.float32
+    expected = F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(total, expected)

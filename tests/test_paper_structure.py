@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.model import Transformer, TransformerConfig
+from aiayn.model.dropout import Dropout
 from aiayn.model.positional import sinusoidal_table
 
 
@@ -50,7 +51,7 @@ def test_embeddings_are_scaled_by_sqrt_d_model_and_summed_with_the_sinusoids() -
 
 def test_dropout_sits_on_sublayer_outputs_and_embedding_sums_only() -> None:
     m = model(dropout=0.3)
-    rates = {name: module.p for name, module in m.named_modules() if isinstance(module, nn.Dropout)}
+    rates = {name: module.p for name, module in m.named_modules() if isinstance(module, Dropout)}
     assert set(rates.values()) == {0.3}
     assert "embed_dropout" in rates
     # two sub-layers per encoder layer, three per decoder layer (§5.4 residual dropout)

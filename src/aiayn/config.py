@@ -50,14 +50,18 @@ def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def model_config(cfg: DictConfig) -> dict[str, Any]:
-    """The fields of :class:`~aiayn.model.TransformerConfig`: ``model.*`` plus the vocabulary of ``data``."""
-    return {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
+    """The fields of :class:`~aiayn.model.TransformerConfig`: ``model.*`` (but ``model.compile``, which
+    says how to run the model, not what it is) plus the vocabulary of ``data``."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("compile", None)
+    return {**model, "vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
 
 
 def module_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Arguments of :class:`~aiayn.module.TranslationModule` from ``model``, ``optim`` and ``decoding``."""
     return {
         "model": model_config(cfg),
+        "compile": bool(cfg.model.get("compile", False)),
         "bos_id": BOS_ID,
         "eos_id": EOS_ID,
         **OmegaConf.to_container(cfg.optim, resolve=True),

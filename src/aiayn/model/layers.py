@@ -9,6 +9,7 @@ from torch import nn
 
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.config import TransformerConfig
+from aiayn.model.dropout import Dropout
 from aiayn.model.positional import RotaryEmbedding
 
 
@@ -31,7 +32,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:

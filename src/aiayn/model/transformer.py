@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from aiayn.model.config import TransformerConfig
+from aiayn.model.dropout import Dropout
 from aiayn.model.layers import DecoderLayer, EncoderLayer
 from aiayn.model.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
@@ -61,7 +62,7 @@ class Transformer(nn.Module):
             self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
         # RoPE rotates queries and keys inside self-attention; cross-attention stays position-free.
         rotary = RotaryEmbedding(cfg.d_k, cfg.max_positions) if cfg.positional == "rope" else None
-        self.embed_dropout = nn.Dropout(cfg.dropout)  # §5.4: dropout on embeddings + positions
+        self.embed_dropout = Dropout(cfg.dropout)  # §5.4: dropout on embeddings + positions
 
         self.encoder = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_layers))

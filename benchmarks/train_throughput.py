@@ -1,0 +1,145 @@
+"""Training speed: our step against MarianMTModel and a torch.nn.Transformer model of the same size.
+
+Each contestant trains (forward, label-smoothed loss, backward, Adam) on the same Multi30k batches,
+`aiayn-train`'s own (token budget data.max_tokens, 8000-piece joint BPE), fp32, at each model config
+asked for. Contestants alternate in this one process after a warm-up; tokens/s count real source and
+target tokens. Efficiency is our achieved model FLOP/s over a large fp32 matrix product's FLOP/s,
+measured in this process before and after the race.
+Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
+Usage: python benchmarks/train_throughput.py [--data ../shared/data/multi30k] [--models base small]
+       [--steps 4] [--rounds 3] [model.compile=true ...]
+The final line is JSON; its top-level ratios are model=base's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import torch
+
+from aiayn.config import model_config, module_kwargs
+from aiayn.model import TransformerConfig
+from aiayn.model.flops import batch_training_flops
+from aiayn.module import TranslationModule
+from peers import NNTransformer, marian
+from workload import (
+    adam,
+    machine,
+    matmul_ceiling,
+    median,
+    prepare_process,
+    race,
+    real_tokens,
+    smoothed_loss,
+    timed_steps,
+    training_batches,
+    training_config,
+)
+
+
+def our_step(module: TranslationModule) -> Any:
+    """The training step of `aiayn-train`'s module (its loss, its optimizer), without the trainer."""
+    optimization = module.configure_optimizers()
+    optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+
+    def step(batch: dict[str, Any]) -> None:
+        loss, _ = module.training_loss(batch)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def peer_step(model: torch.nn.Module) -> Any:
+    optimizer = adam(model)
+
+    def step(batch: dict[str, Any]) -> None:
+        logits = model(batch["src"], batch["tgt_in"])
+        smoothed_loss(logits, batch["tgt_out"], int(batch["lengths"][:, 1].sum())).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def in_precision(step: Any, precision: str) -> Any:
+    """``step`` under Lightning's ``precision`` as it applies on the CPU: fp32, or bf16 autocast."""
+    if precision not in ("32-true", "bf16-mixed"):
+        raise SystemExit(f"--precision {precision}: use 32-true or bf16-mixed")
+
+    def run(batch: dict[str, Any]) -> None:
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16-mixed"):
+            step(batch)
+
+    return run
+
+
+def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
+    cfg = training_config(model_name, args.data, args.overrides)
+    batches = training_batches(cfg, args.steps, skip=args.skip)
+    torch.manual_seed(0)
+    module = TranslationModule(**module_kwargs(cfg)).train()
+    model_cfg = TransformerConfig(**model_config(cfg))
+    steps = {"aiayn": our_step(module)}
+    if not args.skip_hf:
+        steps["marian"] = peer_step(marian(model_cfg).train())
+    steps["nn_transformer"] = peer_step(NNTransformer(model_cfg).train())
+    contestants = {name: timed_steps(in_precision(step, args.precision), batches) for name, step in steps.items()}
+
+    ceiling_before = matmul_ceiling()
+    speeds = race(contestants, args.rounds)
+    ceiling = median([ceiling_before, matmul_ceiling()])
+    tokens = sum(real_tokens(batch) for batch in batches)
+    flops = sum(batch_training_flops(model_cfg, *map(torch.as_tensor, batch["lengths"].T)) for batch in batches)
+    ours = median(speeds["aiayn"])
+    result: dict[str, Any] = {
+        "tokens_per_s": {name: round(median(values)) for name, values in speeds.items()},
+        "efficiency": round(ours / tokens * flops / ceiling, 3),
+        "model_gflops": round(ours / tokens * flops / 1e9, 1),
+        "matmul_gflops": round(ceiling / 1e9, 1),
+        "batch_tokens": round(tokens / len(batches)),
+    }
+    for name in speeds:
+        if name != "aiayn":
+            result[f"vs_{name}"] = round(ours / median(speeds[name]), 3)
+
+    shape = f"{len(batches)} batches of ~{result['batch_tokens']} real tokens, {args.rounds} rounds"
+    print(f"\nmodel={model_name}: {shape}")
+    print(f"{'contestant':<16}{'tokens/s (median)':>19}{'all rounds':>28}{'ours / theirs':>15}")
+    for name, values in speeds.items():
+        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f}"
+        rounds = " ".join(f"{v:.0f}" for v in values)
+        print(f"{name:<16}{median(values):>19.0f}{rounds:>28}{ratio:>15}")
+    print(
+        f"model FLOP/s {result['model_gflops']} G / fp32 matmul {result['matmul_gflops']} G "
+        f"= efficiency {result['efficiency']:.3f}"
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser.add_argument("--models", nargs="+", default=["base", "small"], help="model configs (conf/model)")
+    parser.add_argument("--steps", type=int, default=4, help="training batches per round")
+    parser.add_argument("--skip", type=int, default=0, help="start at this batch of the first epoch")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--precision", default="32-true", help="32-true or bf16-mixed (all contestants)")
+    parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
+    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides for our model (model.compile=true)")
+    args = parser.parse_args()
+
+    prepare_process()
+    print(machine())
+    results = {name: measure(name, args) for name in args.models}
+    summary: dict[str, Any] = dict(results.get("base", {}))
+    summary.update({name: result for name, result in results.items() if name != "base"})
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

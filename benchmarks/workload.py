@@ -1,0 +1,119 @@
+"""What the benchmarks share: Multi30k batches as `aiayn-train` makes them, the machine's fp32 ceiling,
+and timing contestants against each other in one process.
+
+Not a benchmark itself; the scripts next to it import it.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import date
+from typing import Any
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from aiayn.allocator import retain_freed_memory
+from aiayn.config import compose_run_config
+from aiayn.cpus import available_cpus
+
+
+def training_config(model: str, data_root: str | None, extra: Sequence[str] = ()) -> DictConfig:
+    """`aiayn-train`'s composed config with ``model=<model>`` (W&B off, nothing else changed)."""
+    overrides = [f"model={model}", "logger=none", *extra]
+    if data_root:
+        overrides.append(f"data.root={data_root}")
+    return compose_run_config(overrides)
+
+
+def training_batches(cfg: DictConfig, count: int, skip: int = 0) -> list[dict[str, Any]]:
+    """Training batches ``skip`` … ``skip + count`` of the first epoch, exactly as the run's loader
+    yields them (token budget ``data.max_tokens``, length-bucketed, shuffled with ``seed``)."""
+    datamodule = instantiate(cfg.data)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    batches = []
+    for i, batch in enumerate(datamodule.train_dataloader()):
+        if i >= skip:
+            batches.append(batch)
+        if len(batches) == count:
+            break
+    return batches
+
+
+def real_tokens(batch: dict[str, Any]) -> int:
+    """Source plus target tokens of a batch, padding not counted."""
+    return int(batch["lengths"].sum())
+
+
+def matmul_ceiling(size: int = 4096, repeats: int = 5) -> float:
+    """FLOP/s of a large fp32 matrix product: the most this machine does in practice."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * size**3 / statistics.median(times)
+
+
+def race(contestants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Run each contestant once as warm-up, then ``rounds`` times in turn (A B C A B C ...), so that a
+    slow minute of the machine hits all of them alike. Each call returns its own measurement."""
+    for run in contestants.values():
+        run()
+    results: dict[str, list[float]] = {name: [] for name in contestants}
+    for _ in range(rounds):
+        for name, run in contestants.items():
+            results[name].append(run())
+    return results
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def prepare_process() -> None:
+    """The settings `aiayn-train` makes for CPU training (glibc keeps freed blocks)."""
+    retain_freed_memory()
+
+
+def machine() -> str:
+    """One line naming the hardware and software the numbers were measured on."""
+    return (
+        f"{date.today()} · {platform.processor() or platform.machine()}, {available_cpus()} CPUs, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
+
+
+def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, n_tokens: int, pad_id: int = 0) -> torch.Tensor:
+    """Label-smoothed (ε_ls 0.1, §5.4) cross-entropy per real target token, as written with plain torch:
+    the loss the peers train with."""
+    total = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=0.1, reduction="sum"
+    )
+    return total / n_tokens
+
+
+def adam(model: torch.nn.Module) -> torch.optim.Adam:
+    """The paper's Adam (§5.3) at a small constant rate; the schedule costs nothing worth timing."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+def timed_steps(step: Callable[[dict[str, Any]], None], batches: Sequence[dict[str, Any]]) -> Callable[[], float]:
+    """A contestant for :func:`race`: one training step per batch, returning real tokens per second."""
+    tokens = sum(real_tokens(batch) for batch in batches)
+
+    def run() -> float:
+        start = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        return tokens / (time.perf_counter() - start)
+
+    return run
