@@ -18,7 +18,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytorch_lightning as pl
@@ -27,7 +29,8 @@ from hydra.utils import instantiate
 from aiayn.config import module_kwargs
 from aiayn.module import TranslationModule
 from aiayn.train import train
-from workload import machine, median, prepare_process, real_tokens, timed_steps, training_batches, training_config
+from train_throughput import our_step
+from workload import machine, prepare_process, real_tokens, timed_steps, training_batches, training_config
 
 
 class StepWindow(pl.Callback):
@@ -61,21 +64,10 @@ def full_loop(overrides: list[str], args: argparse.Namespace, tokens: int) -> fl
     return window.tokens / window.seconds
 
 
-def bare_loop(cfg: Any, batches: list[dict[str, Any]]) -> Any:
+def bare_loop(cfg: Any, batches: list[dict[str, Any]]) -> Callable[[], float]:
     """The same module, loss, optimizer and schedule in a plain loop: a contestant returning tokens/s."""
     pl.seed_everything(cfg.seed, verbose=False)
-    module = TranslationModule(**module_kwargs(cfg)).train()
-    optimization = module.configure_optimizers()
-    optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-
-    def step(batch: dict[str, Any]) -> None:
-        loss, _ = module.training_loss(batch)
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return timed_steps(step, batches)
+    return timed_steps(our_step(TranslationModule(**module_kwargs(cfg)).train()), batches)
 
 
 def loader_seconds(cfg: Any, args: argparse.Namespace) -> float:
@@ -101,6 +93,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides (both loops)")
     args = parser.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")

@@ -19,7 +19,10 @@ from aiayn.model.positional import SinusoidalPositionalEncoding
 
 def marian(cfg: TransformerConfig) -> nn.Module:
     """A MarianMTModel of ``cfg``'s size: it returns logits for ``(src, tgt_in)`` as ours does."""
-    from transformers import MarianConfig, MarianMTModel
+    try:
+        from transformers import MarianConfig, MarianMTModel
+    except ImportError as error:
+        raise SystemExit('MarianMTModel needs transformers: pip install -e ".[bench]" (or pass --skip-hf)') from error
 
     if cfg.d_k * cfg.n_heads != cfg.d_model or cfg.d_v != cfg.d_k:
         raise ValueError("MarianMTModel needs d_k = d_v = d_model / n_heads")
@@ -53,7 +56,8 @@ def marian(cfg: TransformerConfig) -> nn.Module:
 
         def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
             mask = src.ne(cfg.pad_id).long()
-            return self.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in).logits
+            # use_cache=False: training keeps no key/value cache for generation
+            return self.model(input_ids=src, attention_mask=mask, decoder_input_ids=tgt_in, use_cache=False).logits
 
     return Logits()
 

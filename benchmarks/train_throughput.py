@@ -2,7 +2,7 @@
 
 Each contestant trains (forward, label-smoothed loss, backward, Adam) on the same Multi30k batches,
 `aiayn-train`'s own (token budget data.max_tokens, 8000-piece joint BPE), fp32, at each model config
-asked for. Contestants alternate in this one process after a warm-up; tokens/s count real source and
+asked for. Contestants take turns on every batch, in this one process, after a warm-up; tokens/s count real source and
 target tokens. Efficiency is our achieved model FLOP/s over a large fp32 matrix product's FLOP/s,
 measured in this process before and after the race.
 Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
@@ -15,31 +15,33 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
+from statistics import median
 from typing import Any
 
 import torch
 
 from aiayn.config import model_config, module_kwargs
-from aiayn.model import TransformerConfig
-from aiayn.model.flops import batch_training_flops
+from aiayn.model import TransformerConfig, count_parameters
 from aiayn.module import TranslationModule
 from peers import NNTransformer, marian
 from workload import (
     adam,
     machine,
     matmul_ceiling,
-    median,
+    model_flops,
     prepare_process,
     race,
     real_tokens,
     smoothed_loss,
-    timed_steps,
     training_batches,
     training_config,
 )
 
+Step = Callable[[dict[str, Any]], None]
 
-def our_step(module: TranslationModule) -> Any:
+
+def our_step(module: TranslationModule) -> Step:
     """The training step of `aiayn-train`'s module (its loss, its optimizer), without the trainer."""
     optimization = module.configure_optimizers()
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
@@ -54,22 +56,22 @@ def our_step(module: TranslationModule) -> Any:
     return step
 
 
-def peer_step(model: torch.nn.Module) -> Any:
+def peer_step(model: torch.nn.Module, smoothing: float, pad_id: int) -> Step:
+    """A peer's training step: its logits, torch's label-smoothed loss, fused Adam."""
     optimizer = adam(model)
 
     def step(batch: dict[str, Any]) -> None:
         logits = model(batch["src"], batch["tgt_in"])
-        smoothed_loss(logits, batch["tgt_out"], int(batch["lengths"][:, 1].sum())).backward()
+        n_tokens = int(batch["lengths"][:, 1].sum())
+        smoothed_loss(logits, batch["tgt_out"], n_tokens, smoothing, pad_id).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     return step
 
 
-def in_precision(step: Any, precision: str) -> Any:
+def in_precision(step: Step, precision: str) -> Step:
     """``step`` under Lightning's ``precision`` as it applies on the CPU: fp32, or bf16 autocast."""
-    if precision not in ("32-true", "bf16-mixed"):
-        raise SystemExit(f"--precision {precision}: use 32-true or bf16-mixed")
 
     def run(batch: dict[str, Any]) -> None:
         with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -84,17 +86,22 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     module = TranslationModule(**module_kwargs(cfg)).train()
     model_cfg = TransformerConfig(**model_config(cfg))
-    steps = {"aiayn": our_step(module)}
+    models = {"aiayn": module.model}
     if not args.skip_hf:
-        steps["marian"] = peer_step(marian(model_cfg).train())
-    steps["nn_transformer"] = peer_step(NNTransformer(model_cfg).train())
-    contestants = {name: timed_steps(in_precision(step, args.precision), batches) for name, step in steps.items()}
+        models["marian"] = marian(model_cfg).train()
+    models["nn_transformer"] = NNTransformer(model_cfg).train()
+    smoothing, pad = module.hparams.label_smoothing, module.pad_id
+    steps = {
+        name: our_step(module) if name == "aiayn" else peer_step(model, smoothing, pad)
+        for name, model in models.items()
+    }
+    steps = {name: in_precision(step, args.precision) for name, step in steps.items()}
 
     ceiling_before = matmul_ceiling()
-    speeds = race(contestants, args.rounds)
+    speeds = race(steps, batches, args.rounds)
     ceiling = median([ceiling_before, matmul_ceiling()])
     tokens = sum(real_tokens(batch) for batch in batches)
-    flops = sum(batch_training_flops(model_cfg, *map(torch.as_tensor, batch["lengths"].T)) for batch in batches)
+    flops = model_flops(model_cfg, batches)
     ours = median(speeds["aiayn"])
     result: dict[str, Any] = {
         "tokens_per_s": {name: round(median(values)) for name, values in speeds.items()},
@@ -102,6 +109,7 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "model_gflops": round(ours / tokens * flops / 1e9, 1),
         "matmul_gflops": round(ceiling / 1e9, 1),
         "batch_tokens": round(tokens / len(batches)),
+        "params": {name: count_parameters(model) for name, model in models.items()},
     }
     for name in speeds:
         if name != "aiayn":
@@ -109,11 +117,11 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     shape = f"{len(batches)} batches of ~{result['batch_tokens']} real tokens, {args.rounds} rounds"
     print(f"\nmodel={model_name}: {shape}")
-    print(f"{'contestant':<16}{'tokens/s (median)':>19}{'all rounds':>28}{'ours / theirs':>15}")
+    print(f"{'contestant':<16}{'parameters':>12}{'tokens/s (median)':>19}{'all rounds':>28}{'ours / theirs':>15}")
     for name, values in speeds.items():
         ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f}"
         rounds = " ".join(f"{v:.0f}" for v in values)
-        print(f"{name:<16}{median(values):>19.0f}{rounds:>28}{ratio:>15}")
+        print(f"{name:<16}{result['params'][name]:>12,}{median(values):>19.0f}{rounds:>28}{ratio:>15}")
     print(
         f"model FLOP/s {result['model_gflops']} G / fp32 matmul {result['matmul_gflops']} G "
         f"= efficiency {result['efficiency']:.3f}"
@@ -128,10 +136,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="training batches per round")
     parser.add_argument("--skip", type=int, default=0, help="start at this batch of the first epoch")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--precision", default="32-true", help="32-true or bf16-mixed (all contestants)")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="all contestants'")
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
     parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides for our model (model.compile=true)")
     args = parser.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
 
     prepare_process()
     print(machine())

@@ -20,6 +20,8 @@ from omegaconf import DictConfig
 from aiayn.allocator import retain_freed_memory
 from aiayn.config import compose_run_config
 from aiayn.cpus import available_cpus
+from aiayn.model import TransformerConfig
+from aiayn.model.flops import batch_training_flops
 
 
 def training_config(model: str, data_root: str | None, extra: Sequence[str] = ()) -> DictConfig:
@@ -50,6 +52,11 @@ def real_tokens(batch: dict[str, Any]) -> int:
     return int(batch["lengths"].sum())
 
 
+def model_flops(cfg: TransformerConfig, batches: Sequence[dict[str, Any]]) -> float:
+    """Training FLOPs (forward + backward) of ``batches`` at their pairs' real lengths."""
+    return sum(batch_training_flops(cfg, *map(torch.as_tensor, batch["lengths"].T)) for batch in batches)
+
+
 def matmul_ceiling(size: int = 4096, repeats: int = 5) -> float:
     """FLOP/s of a large fp32 matrix product: the most this machine does in practice."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -63,20 +70,31 @@ def matmul_ceiling(size: int = 4096, repeats: int = 5) -> float:
     return 2 * size**3 / statistics.median(times)
 
 
-def race(contestants: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
-    """Run each contestant once as warm-up, then ``rounds`` times in turn (A B C A B C ...), so that a
-    slow minute of the machine hits all of them alike. Each call returns its own measurement."""
-    for run in contestants.values():
-        run()
-    results: dict[str, list[float]] = {name: [] for name in contestants}
-    for _ in range(rounds):
-        for name, run in contestants.items():
-            results[name].append(run())
+def race(
+    steps: dict[str, Callable[[dict[str, Any]], None]], batches: Sequence[dict[str, Any]], rounds: int
+) -> dict[str, list[float]]:
+    """Real tokens per second of each contestant's training ``steps`` over ``batches``, ``rounds`` times.
+
+    Every batch is stepped by each contestant in turn (the order rotates from round to round), so that
+    a slow minute of this shared machine hits them all alike; a first pass over the batches warms up.
+    """
+    names = list(steps)
+    tokens = sum(real_tokens(batch) for batch in batches)
+    for batch in batches:
+        for name in names:
+            steps[name](batch)
+    results: dict[str, list[float]] = {name: [] for name in names}
+    for i in range(rounds):
+        order = names[i % len(names) :] + names[: i % len(names)]
+        seconds = dict.fromkeys(names, 0.0)
+        for batch in batches:
+            for name in order:
+                start = time.perf_counter()
+                steps[name](batch)
+                seconds[name] += time.perf_counter() - start
+        for name in names:
+            results[name].append(tokens / seconds[name])
     return results
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
 
 
 def prepare_process() -> None:
@@ -92,22 +110,25 @@ def machine() -> str:
     )
 
 
-def smoothed_loss(logits: torch.Tensor, target: torch.Tensor, n_tokens: int, pad_id: int = 0) -> torch.Tensor:
-    """Label-smoothed (ε_ls 0.1, §5.4) cross-entropy per real target token, as written with plain torch:
-    the loss the peers train with."""
+def smoothed_loss(
+    logits: torch.Tensor, target: torch.Tensor, n_tokens: int, smoothing: float, pad_id: int
+) -> torch.Tensor:
+    """Label-smoothed cross-entropy (§5.4) per real target token, as written with plain torch: the loss
+    the peers train with."""
     total = torch.nn.functional.cross_entropy(
-        logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=0.1, reduction="sum"
+        logits.flatten(0, 1), target.flatten(), ignore_index=pad_id, label_smoothing=smoothing, reduction="sum"
     )
     return total / n_tokens
 
 
 def adam(model: torch.nn.Module) -> torch.optim.Adam:
-    """The paper's Adam (§5.3) at a small constant rate; the schedule costs nothing worth timing."""
-    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    """The paper's Adam (§5.3) with its fused kernel, as ours (one flag any user can set), at a small
+    constant rate; the schedule costs nothing worth timing."""
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, fused=True)
 
 
 def timed_steps(step: Callable[[dict[str, Any]], None], batches: Sequence[dict[str, Any]]) -> Callable[[], float]:
-    """A contestant for :func:`race`: one training step per batch, returning real tokens per second."""
+    """A function that runs `step` on every batch and returns real tokens per second."""
     tokens = sum(real_tokens(batch) for batch in batches)
 
     def run() -> float:

@@ -92,3 +92,22 @@ def test_label_smoothed_loss_upcasts_bfloat16_logits() -> None:
     assert total.dtype == torch.float32
     expected = F.cross_entropy(logits.float(), target, label_smoothing=0.1, reduction="sum")
     torch.testing.assert_close(total, expected)
+
+
+def test_label_smoothed_loss_of_an_all_padding_batch_is_zero_with_zero_gradient() -> None:
+    logits = torch.randn(2, 5, 30, requires_grad=True)
+    total = label_smoothed_cross_entropy(logits, torch.zeros(2, 5, dtype=torch.long), 0.1, 0)
+    total.backward()
+    assert total.item() == 0.0
+    assert logits.grad.abs().max().item() == 0.0
+
+
+def test_label_smoothed_loss_gradient_reaches_bfloat16_logits() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(8, 30).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, 30, (8,))
+    label_smoothed_cross_entropy(logits, target, 0.1, -100).backward()
+    reference = logits.detach().float().requires_grad_()
+    F.cross_entropy(reference, target, label_smoothing=0.1, reduction="sum").backward()
+    assert logits.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logits.grad.float(), reference.grad, atol=1e-2, rtol=1e-2)

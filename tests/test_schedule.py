@@ -1,11 +1,15 @@
-"""The learning-rate schedule of eq. 3."""
+"""The learning-rate schedule of eq. 3 and the optimizer it drives (§5.3)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.plugins import MixedPrecision
 
+from aiayn.module import TranslationModule
 from aiayn.schedule import NoamSchedule
 
 
@@ -35,3 +39,27 @@ def test_scale_and_warmup_are_configurable() -> None:
 def test_rejects_non_positive_settings(bad: tuple[int, int, float]) -> None:
     with pytest.raises(ValueError):
         NoamSchedule(*bad)
+
+
+def tiny_module() -> TranslationModule:
+    model = {"vocab_size": 50, "n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
+    return TranslationModule(model=model, bos_id=2, eos_id=3)
+
+
+def test_adam_has_the_papers_settings_and_is_fused_unless_lightning_must_unscale_gradients() -> None:
+    module = tiny_module()
+    optimizer = module.configure_optimizers()["optimizer"]
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9  # §5.3
+    assert optimizer.defaults["fused"] is True
+    # Lightning unscales fp16 gradients (for clipping, for train/grad_norm) only for unfused optimizers.
+    clipping = pl.Trainer(accelerator="cpu", gradient_clip_val=1.0, logger=False, enable_checkpointing=False)
+    scaled = pl.Trainer(
+        accelerator="cpu",
+        plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))],
+        logger=False,
+        enable_checkpointing=False,
+    )
+    for trainer in (clipping, scaled):
+        module = tiny_module()
+        module.trainer = trainer
+        assert not module.configure_optimizers()["optimizer"].defaults["fused"]

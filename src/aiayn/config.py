@@ -57,11 +57,18 @@ def model_config(cfg: DictConfig) -> dict[str, Any]:
     return {**model, "vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
 
 
+def compile_flag(value: Any) -> bool:
+    """``model.compile``, which must be true or false (a string such as "no" is not taken for true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"model.compile={value!r} must be true or false")
+    return value
+
+
 def module_kwargs(cfg: DictConfig) -> dict[str, Any]:
     """Arguments of :class:`~aiayn.module.TranslationModule` from ``model``, ``optim`` and ``decoding``."""
     return {
         "model": model_config(cfg),
-        "compile": bool(cfg.model.get("compile", False)),
+        "compile": compile_flag(cfg.model.get("compile", False)),
         "bos_id": BOS_ID,
         "eos_id": EOS_ID,
         **OmegaConf.to_container(cfg.optim, resolve=True),

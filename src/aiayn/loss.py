@@ -6,7 +6,8 @@ log p of a row with reference y:
 
     loss = -(1 - ε) log p_y - ε mean(log p)        d loss / d z = p - ε/V - (1 - ε) [j = y]
 
-The backward pass writes that gradient from the saved log-probabilities in three elementwise passes.
+The backward pass writes that gradient from the saved log-probabilities in three elementwise passes
+(no host sync on a GPU).
 ``F.cross_entropy`` instead fills a zero gradient for its two terms and runs the log-softmax backward:
 on the (tokens × vocabulary) logits, the largest tensor of a step, that took 1.6x as long on 2 CPU
 cores (4096 × 8000 logits: 190 ms against 115 ms, forward and backward).
@@ -33,6 +34,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         return rows.masked_fill(~keep, 0.0).sum()
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad_total: torch.Tensor):
         log_p, target, keep = ctx.saved_tensors
         smoothing = ctx.smoothing
@@ -40,8 +42,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         if smoothing:
             grad.sub_(smoothing / log_p.size(-1))
         grad.scatter_add_(1, target.unsqueeze(1), grad.new_full((grad.size(0), 1), smoothing - 1.0))
-        grad.index_fill_(0, keep.logical_not().nonzero().squeeze(1), 0.0)  # padding rows: no gradient
-        return grad.mul_(grad_total), None, None, None
+        return grad.mul_(keep.unsqueeze(1) * grad_total), None, None, None  # padding rows: no gradient
 
 
 def label_smoothed_cross_entropy(

@@ -3,8 +3,8 @@
 ``torch.nn.Dropout`` on the CPU draws a float per element from a serial Bernoulli sampler and keeps a
 float mask for the backward pass: at ``model=base`` its 32 dropouts took about a tenth of a training
 step on 2 cores (`benchmarks/train_throughput.py`). Here each element gets 16 random bits from one
-64-bit draw per four elements, and the backward pass keeps a one-byte mask. Other devices keep
-PyTorch's fused kernel.
+64-bit draw per four elements, and the backward pass keeps a one-byte mask. Other devices, and
+``torch.compile`` (whose generated kernels draw random bits in place), keep PyTorch's dropout.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ _LEVELS = 1 << 16  # each element compares 16 random bits against a threshold
 
 
 def quantized_rate(p: float) -> float:
-    """The rate actually applied on the CPU: ``p`` rounded to a multiple of 2^-16 (0.1 → 0.0999908)."""
+    """The rate actually applied on the CPU: ``p`` rounded to a multiple of 2^-16 (0.1 → 0.1000061)."""
     return min(round(p * _LEVELS), _LEVELS - 1) / _LEVELS
 
 
@@ -43,7 +43,7 @@ class Dropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu":
+        if x.device.type != "cpu" or torch.compiler.is_compiling():  # fused kernels draw their own bits
             return F.dropout(x, self.p, training=True)
         rate = quantized_rate(self.p)
         return x.masked_fill(dropped(x.shape, self.p, x.device), 0.0).mul_(1.0 / (1.0 - rate))

@@ -101,7 +101,8 @@ class Transformer(nn.Module):
     def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (or None)."""
         padding = src.eq(self.cfg.pad_id)
-        src_padding = padding if bool(padding.any()) else None  # no mask lets SDPA take its fast path
+        # No mask lets SDPA take its fast path; under torch.compile, asking would break the graph in two.
+        src_padding = padding if torch.compiler.is_compiling() or bool(padding.any()) else None
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
             x = layer(x, src_padding)

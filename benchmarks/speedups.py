@@ -1,0 +1,108 @@
+"""What each speed change buys: our training step against the same step with one change undone.
+
+Variants, all on the same Multi30k batches, taking turns on every batch in this one process after a
+warm-up:
+- `aiayn`: the step as `aiayn-train` runs it;
+- `nn.Dropout`: torch's dropout instead of `aiayn.model.dropout.Dropout`;
+- `F.cross_entropy`: torch's label-smoothed loss instead of `aiayn.loss`;
+- `Adam for-loop`: Adam without its fused kernel;
+- `none of them`: all three undone (the step before this work);
+- `model.compile` (with `--compile`): `torch.compile` on top of the step (compiling takes minutes).
+Usage: python benchmarks/speedups.py [--data ../shared/data/multi30k] [--model base] [--steps 3]
+       [--rounds 3] [--compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from statistics import median
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.config import module_kwargs
+from aiayn.model.dropout import Dropout
+from aiayn.module import TranslationModule
+from workload import machine, prepare_process, race, training_batches, training_config
+
+
+def variant(cfg: Any, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Any:
+    """A training step of ``cfg``'s module with the chosen parts."""
+    torch.manual_seed(0)
+    module = TranslationModule(**{**module_kwargs(cfg), "compile": compile}).train()
+    if torch_dropout:
+        for parent in list(module.model.modules()):
+            for name, child in parent.named_children():
+                if isinstance(child, Dropout):
+                    setattr(parent, name, nn.Dropout(child.p))
+    optimization = module.configure_optimizers()
+    optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+    if not fused_adam:
+        optimizer = torch.optim.Adam(module.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=False)
+        schedule = type(schedule)(optimizer, schedule.lr_lambdas[0])
+    smoothing, pad = module.hparams.label_smoothing, module.pad_id
+
+    def step(batch: dict[str, Any]) -> None:
+        if torch_loss:
+            logits = module.model(batch["src"], batch["tgt_in"])
+            total = F.cross_entropy(
+                logits.flatten(0, 1),
+                batch["tgt_out"].flatten(),
+                ignore_index=pad,
+                label_smoothing=smoothing,
+                reduction="sum",
+            )
+            loss = total / int(batch["lengths"][:, 1].sum())
+        else:
+            loss, _ = module.training_loss(batch)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser.add_argument("--model", default="base", help="a model config (conf/model)")
+    parser.add_argument("--steps", type=int, default=3, help="training batches per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also race model.compile=true")
+    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides")
+    args = parser.parse_args()
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
+
+    prepare_process()
+    cfg = training_config(args.model, args.data, args.overrides)
+    batches = training_batches(cfg, args.steps)
+    variants = {
+        "aiayn": (False, False, True, False),
+        "nn.Dropout": (True, False, True, False),
+        "F.cross_entropy": (False, True, True, False),
+        "Adam for-loop": (False, False, False, False),
+        "none of them": (True, True, False, False),
+    }
+    if args.compile:
+        variants["model.compile"] = (False, False, True, True)
+    steps = {name: variant(cfg, *parts) for name, parts in variants.items()}
+    speeds = race(steps, batches, args.rounds)
+    ours = median(speeds["aiayn"])
+    result = {f"vs_{name}": round(ours / median(values), 3) for name, values in speeds.items() if name != "aiayn"}
+
+    print(machine())
+    print(f"model={args.model}: {len(batches)} batches per round, {args.rounds} rounds")
+    print(f"{'variant':<18}{'tokens/s (median)':>19}{'all rounds':>28}{'aiayn / variant':>17}")
+    for name, values in speeds.items():
+        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f}"
+        print(f"{name:<18}{median(values):>19.0f}{' '.join(f'{v:.0f}' for v in values):>28}{ratio:>17}")
+    print(json.dumps({**result, "tokens_per_s": {name: round(median(v)) for name, v in speeds.items()}}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""model.compile=true runs the same model through torch.compile, with the same checkpoints."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from aiayn.config import compose_run_config, module_kwargs
+from aiayn.module import TranslationModule
+
+
+def tiny_kwargs(*overrides: str) -> dict:
+    return module_kwargs(compose_run_config(["model=tiny", "logger=none", *overrides]))
+
+
+def tiny_batch(vocab_size: int) -> dict:
+    torch.manual_seed(1)
+    src = torch.randint(4, vocab_size, (3, 7))
+    src[0, 5:] = 0  # padding: the source mask is used
+    tgt = torch.randint(4, vocab_size, (3, 6))
+    lengths = torch.tensor([[5, 6], [7, 6], [7, 6]]).numpy()
+    return {"src": src, "tgt_in": tgt, "tgt_out": tgt.roll(-1, 1), "lengths": lengths}
+
+
+@pytest.mark.slow
+def test_compiled_module_keeps_parameter_names_and_trains_as_eager_does() -> None:
+    kwargs = tiny_kwargs("model.compile=true", "model.dropout=0.0")
+    assert kwargs["compile"] is True and "compile" not in kwargs["model"]
+    torch.manual_seed(0)
+    compiled = TranslationModule(**kwargs).train()
+    eager = TranslationModule(**{**kwargs, "compile": False}).train()
+    assert list(compiled.state_dict()) == list(eager.state_dict())
+    eager.load_state_dict(compiled.state_dict())
+    batch = tiny_batch(kwargs["model"]["vocab_size"])
+    losses = [module.training_loss(batch)[0] for module in (compiled, eager)]
+    torch.testing.assert_close(losses[0], losses[1])
+    for loss in losses:
+        loss.backward()
+    for (name, a), (_, b) in zip(compiled.named_parameters(), eager.named_parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, msg=name, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_training_forward_compiles_into_one_graph() -> None:
+    kwargs = tiny_kwargs("model.dropout=0.1")
+    model = TranslationModule(**kwargs).train().model
+    batch = tiny_batch(kwargs["model"]["vocab_size"])
+    explained = torch._dynamo.explain(model)(batch["src"], batch["tgt_in"])
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_model_compile_must_be_a_boolean() -> None:
+    with pytest.raises(ValueError, match=r"model.compile='maybe' must be true or false"):
+        tiny_kwargs("model.compile=maybe")
