@@ -42,15 +42,16 @@ class Interleaved(pl.Callback):
     def __init__(self, bare_step: Step, first: int, count: int) -> None:
         self.bare_step, self.first, self.count = bare_step, first, count
         self.bare_seconds = self.full_seconds = 0.0
-        self.tokens = 0
+        self.tokens = self.timed = 0  # real tokens and steps of the full loop timed
         self._resumed: float | None = None  # when the run's current step began
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         if self._resumed is not None:  # the run's previous step, and the loading of this batch
             self.full_seconds += now - self._resumed
+            self.timed += 1
             self._resumed = None
-        if batch_idx >= self.first + self.count:
+        if trainer.current_epoch > 0 or batch_idx >= self.first + self.count:
             return
         self.bare_step(batch)
         if batch_idx >= self.first:
@@ -66,8 +67,11 @@ def interleaved_run(cfg: DictConfig, args: argparse.Namespace) -> Interleaved:
     timer = Interleaved(bare, args.warmup, args.steps)
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, Path(run_dir), callbacks=[timer])
-    if not timer.full_seconds:
-        raise SystemExit("the run ended before the timed steps did: an epoch shorter than --warmup + --steps?")
+    if timer.timed != args.steps:
+        raise SystemExit(
+            f"{timer.timed} of {args.steps} steps were timed: the run stopped early (trainer.max_time?) or its "
+            "first epoch is shorter than --warmup + --steps + 1 batches"
+        )
     return timer
 
 
@@ -94,8 +98,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides")
     args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    if min(args.steps, args.rounds, args.warmup) < 1:
+        parser.error("--steps, --rounds and --warmup must be at least 1 (warm-up steps allocate Adam's state)")
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
@@ -103,6 +107,11 @@ def main() -> None:
     # The run's own logging (W&B offline + CSV), quiet progress, a small evaluation after training.
     overrides = ["logger=wandb", "progress=quiet", "data.eval_limit=16", *args.overrides]
     cfg = training_config(args.model, args.data, [*overrides, f"trainer.max_steps={args.warmup + args.steps + 1}"])
+    trainer = cfg.trainer
+    accumulating = trainer.accumulate_grad_batches != 1 or cfg.tokens_per_step is not None
+    if (trainer.accelerator, trainer.precision) != ("cpu", "32-true") or accumulating:
+        # the bare step runs in fp32 on the CPU and steps its optimizer on every batch
+        raise SystemExit("overhead.py compares fp32 CPU runs without gradient accumulation (hardware=cpu)")
     runs = [interleaved_run(cfg, args) for _ in range(args.rounds)]
     speeds = {
         "bare": [run.tokens / run.bare_seconds for run in runs],

@@ -21,15 +21,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import nn
 
 from aiayn.config import module_kwargs
 from aiayn.model.dropout import Dropout
 from aiayn.module import TranslationModule
+from train_throughput import Step
 from workload import machine, prepare_process, race, training_batches, training_config
 
 
-def variant(cfg: Any, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Any:
+def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Step:
     """A training step of ``cfg``'s module with the chosen parts."""
     torch.manual_seed(0)
     module = TranslationModule(**{**module_kwargs(cfg), "compile": compile}).train()

@@ -45,9 +45,9 @@ def test_efficiency_is_model_flops_over_the_matmul_ceiling(multi30k_root: Path, 
 
 
 def test_overhead_times_the_real_training_loop_against_the_bare_one(multi30k_root: Path, cache_dir: Path) -> None:
-    # the script itself stops when the run's timed steps saw other batches than the bare loop
+    # the script itself stops unless every timed step of the run was paired with a bare step
     args = ("--model", "tiny", "--steps", "4", "--warmup", "1", "--rounds", "1")
     result = run_benchmark("overhead.py", multi30k_root, cache_dir, *args)
     speeds = result["tokens_per_s"]
-    assert 0.2 < speeds["aiayn-train"] / speeds["bare"] < 1.5
+    assert 0.2 < speeds["aiayn-train"] / speeds["bare"] < 1.1
     assert 0.0 < result["data_share"] < 0.5

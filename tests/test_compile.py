@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -9,11 +11,11 @@ from aiayn.config import compose_run_config, module_kwargs
 from aiayn.module import TranslationModule
 
 
-def tiny_kwargs(*overrides: str) -> dict:
+def tiny_kwargs(*overrides: str) -> dict[str, Any]:
     return module_kwargs(compose_run_config(["model=tiny", "logger=none", *overrides]))
 
 
-def tiny_batch(vocab_size: int) -> dict:
+def tiny_batch(vocab_size: int) -> dict[str, Any]:
     torch.manual_seed(1)
     src = torch.randint(4, vocab_size, (3, 7))
     src[0, 5:] = 0  # padding: the source mask is used

@@ -51,15 +51,14 @@ def test_adam_has_the_papers_settings_and_is_fused_unless_lightning_must_unscale
     optimizer = module.configure_optimizers()["optimizer"]
     assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9  # §5.3
     assert optimizer.defaults["fused"] is True
-    # Lightning unscales fp16 gradients (for clipping, for train/grad_norm) only for unfused optimizers.
-    clipping = pl.Trainer(accelerator="cpu", gradient_clip_val=1.0, logger=False, enable_checkpointing=False)
-    scaled = pl.Trainer(
-        accelerator="cpu",
-        plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))],
-        logger=False,
-        enable_checkpointing=False,
-    )
-    for trainer in (clipping, scaled):
+
+    def fused_under(**trainer_options: object) -> bool:
         module = tiny_module()
-        module.trainer = trainer
-        assert not module.configure_optimizers()["optimizer"].defaults["fused"]
+        module.trainer = pl.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, **trainer_options)
+        return module.configure_optimizers()["optimizer"].defaults["fused"]
+
+    assert fused_under()
+    assert fused_under(gradient_clip_val=1.0)
+    assert fused_under(precision="bf16-mixed")
+    # Lightning unscales fp16 gradients (for clipping, for train/grad_norm) only for unfused optimizers.
+    assert not fused_under(plugins=[MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))])
