@@ -12,7 +12,6 @@ Usage: python benchmarks/efficiency.py [--data ../shared/data/multi30k] [--model
 from __future__ import annotations
 
 import argparse
-import json
 from statistics import median
 from typing import Any
 
@@ -22,9 +21,12 @@ from aiayn.config import module_kwargs
 from aiayn.module import TranslationModule
 from train_throughput import our_step
 from workload import (
+    benchmark_parser,
     machine,
     matmul_ceiling,
     model_flops,
+    parse_counts,
+    per_model_json,
     prepare_process,
     real_tokens,
     timed_steps,
@@ -58,22 +60,13 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser = benchmark_parser(__doc__, steps=3, rounds=3, steps_help="training batches per round")
     parser.add_argument("--models", nargs="+", default=["base", "small"], help="model configs (conf/model)")
-    parser.add_argument("--steps", type=int, default=3, help="training batches per round")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides")
-    args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    args = parse_counts(parser)
 
     prepare_process()
     print(machine())
-    results = {name: measure(name, args) for name in args.models}
-    summary: dict[str, Any] = dict(results.get("base", {}))
-    summary.update({name: result for name, result in results.items() if name != "base"})
-    print(json.dumps(summary))
+    print(per_model_json({name: measure(name, args) for name in args.models}))
 
 
 if __name__ == "__main__":

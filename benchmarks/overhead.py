@@ -32,7 +32,7 @@ from aiayn.config import module_kwargs
 from aiayn.module import TranslationModule
 from aiayn.train import train
 from train_throughput import Step, our_step
-from workload import machine, prepare_process, real_tokens, training_config
+from workload import benchmark_parser, machine, parse_counts, prepare_process, real_tokens, training_config
 
 
 class Interleaved(pl.Callback):
@@ -90,16 +90,10 @@ def loader_seconds(cfg: DictConfig, args: argparse.Namespace) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser = benchmark_parser(__doc__, steps=60, rounds=2, steps_help="timed steps (log_every_n_steps is 50)")
     parser.add_argument("--model", default="small", help="a model config (conf/model); small is the default run's")
-    parser.add_argument("--steps", type=int, default=60, help="timed steps (log_every_n_steps is 50)")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides")
-    args = parser.parse_args()
-    if min(args.steps, args.rounds, args.warmup) < 1:
-        parser.error("--steps, --rounds and --warmup must be at least 1 (warm-up steps allocate Adam's state)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (they allocate Adam's state)")
+    args = parse_counts(parser, "warmup")
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")

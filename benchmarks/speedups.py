@@ -14,7 +14,6 @@ Usage: python benchmarks/speedups.py [--data ../shared/data/multi30k] [--model b
 
 from __future__ import annotations
 
-import argparse
 import json
 from statistics import median
 from typing import Any
@@ -28,7 +27,7 @@ from aiayn.config import module_kwargs
 from aiayn.model.dropout import Dropout
 from aiayn.module import TranslationModule
 from train_throughput import Step
-from workload import machine, prepare_process, race, training_batches, training_config
+from workload import benchmark_parser, machine, parse_counts, prepare_process, race, training_batches, training_config
 
 
 def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Step:
@@ -43,7 +42,8 @@ def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: 
     optimization = module.configure_optimizers()
     optimizer, schedule = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
     if not fused_adam:
-        optimizer = torch.optim.Adam(module.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=False)
+        settings = {key: optimizer.defaults[key] for key in ("lr", "betas", "eps")}
+        optimizer = torch.optim.Adam(module.parameters(), **settings, fused=False)
         schedule = type(schedule)(optimizer, schedule.lr_lambdas[0])
     smoothing, pad = module.hparams.label_smoothing, module.pad_id
 
@@ -69,16 +69,10 @@ def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser = benchmark_parser(__doc__, steps=3, rounds=3, steps_help="training batches per round")
     parser.add_argument("--model", default="base", help="a model config (conf/model)")
-    parser.add_argument("--steps", type=int, default=3, help="training batches per round")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also race model.compile=true")
-    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides")
-    args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    args = parse_counts(parser)
 
     prepare_process()
     cfg = training_config(args.model, args.data, args.overrides)

@@ -14,7 +14,6 @@ The final line is JSON; its top-level ratios are model=base's.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable
 from statistics import median
 from typing import Any
@@ -27,9 +26,12 @@ from aiayn.module import TranslationModule
 from peers import NNTransformer, marian
 from workload import (
     adam,
+    benchmark_parser,
     machine,
     matmul_ceiling,
     model_flops,
+    parse_counts,
+    per_model_json,
     prepare_process,
     race,
     real_tokens,
@@ -130,25 +132,16 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser = benchmark_parser(__doc__, steps=4, rounds=3, steps_help="training batches per round")
     parser.add_argument("--models", nargs="+", default=["base", "small"], help="model configs (conf/model)")
-    parser.add_argument("--steps", type=int, default=4, help="training batches per round")
     parser.add_argument("--skip", type=int, default=0, help="start at this batch of the first epoch")
-    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="all contestants'")
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
-    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides for our model (model.compile=true)")
-    args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1:
-        parser.error("--steps and --rounds must be at least 1")
+    args = parse_counts(parser)
 
     prepare_process()
     print(machine())
-    results = {name: measure(name, args) for name in args.models}
-    summary: dict[str, Any] = dict(results.get("base", {}))
-    summary.update({name: result for name, result in results.items() if name != "base"})
-    print(json.dumps(summary))
+    print(per_model_json({name: measure(name, args) for name in args.models}))
 
 
 if __name__ == "__main__":

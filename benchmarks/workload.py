@@ -6,6 +6,8 @@ Not a benchmark itself; the scripts next to it import it.
 
 from __future__ import annotations
 
+import argparse
+import json
 import platform
 import statistics
 import time
@@ -22,6 +24,32 @@ from aiayn.config import compose_run_config
 from aiayn.cpus import available_cpus
 from aiayn.model import TransformerConfig
 from aiayn.model.flops import batch_training_flops
+
+
+def benchmark_parser(doc: str, steps: int, rounds: int, steps_help: str) -> argparse.ArgumentParser:
+    """The options every benchmark shares: the corpus, batches per round, rounds, more overrides."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--data", default="../shared/data/multi30k", help="Multi30k folder (data.root)")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("overrides", nargs="*", help="more aiayn-train overrides (model.compile=true ...)")
+    return parser
+
+
+def parse_counts(parser: argparse.ArgumentParser, *names: str) -> argparse.Namespace:
+    """The parsed arguments; each of ``--steps``, ``--rounds`` and ``names`` must be at least 1."""
+    args = parser.parse_args()
+    counts = ("steps", "rounds", *names)
+    if min(getattr(args, name) for name in counts) < 1:
+        parser.error(f"{', '.join('--' + name for name in counts)} must be at least 1")
+    return args
+
+
+def per_model_json(results: dict[str, dict[str, Any]]) -> str:
+    """One JSON line: ``model=base``'s results at the top level, every other model's under its name."""
+    summary: dict[str, Any] = dict(results.get("base", {}))
+    summary.update({name: result for name, result in results.items() if name != "base"})
+    return json.dumps(summary)
 
 
 def training_config(model: str, data_root: str | None, extra: Sequence[str] = ()) -> DictConfig:

@@ -16,9 +16,14 @@ from torch import nn
 _LEVELS = 1 << 16  # each element compares 16 random bits against a threshold
 
 
+def _dropped_levels(p: float) -> int:
+    """How many of the 2^16 values of 16 random bits drop an element (never all of them)."""
+    return min(round(p * _LEVELS), _LEVELS - 1)
+
+
 def quantized_rate(p: float) -> float:
     """The rate actually applied on the CPU: ``p`` rounded to a multiple of 2^-16 (0.1 → 0.1000061)."""
-    return min(round(p * _LEVELS), _LEVELS - 1) / _LEVELS
+    return _dropped_levels(p) / _LEVELS
 
 
 def dropped(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
@@ -26,7 +31,7 @@ def dropped(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
     torch's default generator (so ``torch.manual_seed`` and saved RNG states reproduce it)."""
     n = shape.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
-    threshold = round(quantized_rate(p) * _LEVELS) - _LEVELS // 2  # int16 values are uniform on ±2^15
+    threshold = _dropped_levels(p) - _LEVELS // 2  # int16 values are uniform on ±2^15
     return bits.view(torch.int16)[:n].view(shape) < threshold
 
 
