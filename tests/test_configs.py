@@ -14,7 +14,8 @@ from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.module import TranslationModule
-from aiayn.train import check_checkpointing, trainer_options
+from aiayn.preflight import check_checkpointing
+from aiayn.train import trainer_options
 
 CONF = Path(config_dir())
 

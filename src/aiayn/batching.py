@@ -14,6 +14,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 
+from aiayn.errors import ConfigError
+
 log = logging.getLogger(__name__)
 TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_per_step
 
@@ -24,14 +26,16 @@ def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -
     error when that is more than :data:`TOLERANCE` away."""
     for key, value in (("tokens_per_step", tokens_per_step), ("data.max_tokens", max_tokens)):
         if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{key}={value} must be a positive whole number of tokens")
+            raise ConfigError(key, value, "must be a positive whole number of tokens")
     steps = max(1, round(tokens_per_step / (max_tokens * world_size)))
     reached = steps * max_tokens * world_size
     if abs(reached - tokens_per_step) > TOLERANCE * tokens_per_step:
         fitting = round(tokens_per_step / (steps * world_size))
-        raise ValueError(
-            f"tokens_per_step={tokens_per_step} is out of reach with data.max_tokens={max_tokens} on {world_size} "
-            f"device(s) ({steps} x {max_tokens} x {world_size} = {reached}); set data.max_tokens={fitting}"
+        raise ConfigError(
+            "tokens_per_step",
+            tokens_per_step,
+            f"is out of reach with data.max_tokens={max_tokens} on {world_size} device(s) "
+            f"({steps} x {max_tokens} x {world_size} = {reached}); set data.max_tokens={fitting}",
         )
     return steps
 
@@ -44,15 +48,18 @@ def configure_batching(
     world = trainer.world_size
     if tokens_per_step is not None:
         if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                f"tokens_per_step={tokens_per_step} sets the gradient accumulation; remove "
-                f"trainer.accumulate_grad_batches={trainer.accumulate_grad_batches}, or set tokens_per_step=null"
+            raise ConfigError(
+                "trainer.accumulate_grad_batches",
+                trainer.accumulate_grad_batches,
+                f"conflicts with tokens_per_step={tokens_per_step}, which sets the gradient accumulation; "
+                "remove one of them",
             )
         trainer.accumulate_grad_batches = accumulation_steps(tokens_per_step, max_tokens, world)
     accumulation = trainer.accumulate_grad_batches
     if every_steps is not None:
         if not isinstance(every_steps, int) or every_steps < 1:
-            raise ValueError(f"checkpoint.every_steps={every_steps} must be a positive number of optimizer steps")
+            allowed = "must be a positive number of optimizer steps (or null)"
+            raise ConfigError("checkpoint.every_steps", every_steps, allowed)
         trainer.val_check_interval = every_steps * accumulation
         trainer.check_val_every_n_epoch = None  # the interval may span epochs
     batching = {

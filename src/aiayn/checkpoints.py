@@ -7,7 +7,9 @@ Periodic checkpoints are named ``step<global step>.ckpt``.
 
 from __future__ import annotations
 
+import glob
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Sequence
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import CheckpointError
 from aiayn.model import Transformer, TransformerConfig
 
 RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model}
@@ -24,10 +28,6 @@ STEP_NAME = "step{step:07d}"  # ModelCheckpoint filename template of the periodi
 _STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, or does not fit the others."""
 
 
 def step_checkpoints(run: Path) -> list[Path]:
@@ -39,16 +39,68 @@ def step_checkpoints(run: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint's contents, on the CPU, read with ``weights_only=True``: tensors and plain data only,
+    so that a checkpoint from elsewhere cannot run code. ``mmap`` maps tensors instead of reading them
+    (enough to check a checkpoint). A missing, truncated or foreign file is a :class:`CheckpointError`."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a folder; give a .ckpt file (e.g. {path}/checkpoints/best.ckpt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain data, which are not loaded "
+            f"(weights_only=True); it was not written by aiayn-train or aiayn-average ({first_line(error)})"
+        ) from None
     except Exception as error:  # torch raises several types for truncated or foreign files
-        raise CheckpointError(f"checkpoint {path} cannot be read: {error}") from error
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read; it is truncated or not a PyTorch checkpoint ({first_line(error)})"
+        ) from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint's dict")
+    return checkpoint
+
+
+def first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+
+def check_resumable(path: Path, model: dict[str, Any]) -> None:
+    """``path`` holds the whole training state (weights, optimizer, loops) of a model with the
+    hyperparameters ``model``; else a :class:`CheckpointError` that says which checkpoint could be used."""
+    try:
+        checkpoint = load_checkpoint(path, mmap=True)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error}; {earlier_checkpoints(path)}") from None
+    missing = [key for key in ("state_dict", "optimizer_states", "loops") if key not in checkpoint]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} has no training state ({', '.join(missing)}): it cannot be resumed "
+            "(an averaged checkpoint is for aiayn-eval and aiayn-translate)"
+        )
+    saved = checkpoint.get("hyper_parameters", {}).get("model", {})
+    differing = [key for key in sorted(set(saved) | set(model)) if saved.get(key) != model.get(key)]
+    if differing:
+        theirs = ", ".join(f"{key}={saved.get(key)}" for key in differing)
+        ours = ", ".join(f"{key}={model.get(key)}" for key in differing)
+        raise CheckpointError(
+            f"checkpoint {path} is of a model with {theirs}, this run's has {ours}; resume with the same model"
+        )
+
+
+def earlier_checkpoints(path: Path) -> str:
+    """Advice after ``path`` proved unreadable: the newest other checkpoint of its folder that loads."""
+    others = [p for p in reversed(step_checkpoints(path.parent)) if p != path] if path.parent.is_dir() else []
+    for other in others:
+        try:
+            load_checkpoint(other, mmap=True)
+        except CheckpointError:
+            continue
+        return f"the newest readable checkpoint of the run is {other}: continue from it with resume={other}"
+    return "no other checkpoint of the run is readable: start the run again"
 
 
 def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
@@ -123,12 +175,19 @@ def _mean(total: dict[str, torch.Tensor], n: int, newest: dict[str, torch.Tensor
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
-    """Write ``checkpoint`` to ``path`` atomically: readers never see a half-written file."""
+    """Write ``checkpoint`` to ``path`` atomically: into a temporary file of the same folder, flushed to
+    the disk, then renamed over ``path``. A crash while saving leaves the previous file whole; the
+    temporary files of such crashes are removed by the next save to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+    prefix = f".{path.name}."
+    for stale in path.parent.glob(f"{glob.escape(prefix)}*"):
+        stale.unlink(missing_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=prefix, delete=False) as tmp:
         try:
             torch.save(checkpoint, tmp)
+            tmp.flush()
+            os.fsync(tmp.fileno())
         except BaseException:
             os.unlink(tmp.name)
             raise
@@ -136,6 +195,23 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     os.umask(umask)
     os.chmod(tmp.name, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
     os.replace(tmp.name, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself reaches the disk
+    finally:
+        os.close(folder)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint input/output, with :func:`save_checkpoint`'s atomic writes and
+    :func:`load_checkpoint`'s ``weights_only`` reads and clear errors."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        save_checkpoint(checkpoint, Path(path))
+
+    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
+        # Lightning's strategies pass no map_location: tensors load on the CPU, then move with the module.
+        return load_checkpoint(Path(path))
 
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict[str, Any]]:

@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.errors import ConfigError
 from aiayn.loggers import defining_overrides, run_label
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
@@ -60,7 +61,7 @@ def model_config(cfg: DictConfig) -> dict[str, Any]:
 def compile_flag(value: Any) -> bool:
     """``model.compile``, which must be true or false (a string such as "no" is not taken for true)."""
     if not isinstance(value, bool):
-        raise ValueError(f"model.compile={value!r} must be true or false")
+        raise ConfigError("model.compile", value, "must be true or false")
     return value
 
 
@@ -97,10 +98,11 @@ def sweep_parameters() -> set[str] | None:
     return set(params) if isinstance(params, dict) else None
 
 
-def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str) -> str:
+def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, resume: Any = None) -> str:
     """A run's folder: the one aiayn-sweep chose for its trial (``$AIAYN_RUN_DIR``: a trial run again
     continues there from its last checkpoint); under ``wandb agent``, ``<sweep>/<the overrides the sweep
-    sets>-<W&B run id>`` (random and bayes may propose one setting twice); else
+    sets>-<W&B run id>`` (random and bayes may propose one setting twice); with ``resume=true``, the
+    latest earlier run of ``name`` that has a last checkpoint (:func:`latest_run`); else
     ``outputs/<name>/<start time>``."""
     if os.environ.get(RUN_DIR_ENV):
         return os.environ[RUN_DIR_ENV]
@@ -109,7 +111,16 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str) ->
         chosen = [o for o in overrides if o.split("=", 1)[0] in swept] if swept else defining_overrides(overrides)
         run_id = os.environ.get("WANDB_RUN_ID")
         return str(Path(sweep) / (run_label(chosen) + (f"-{run_id}" if run_id else "")))
-    return f"outputs/{name}/{now}"
+    fresh = f"outputs/{name}/{now}"
+    if resume is True:
+        return str(latest_run(Path(fresh).parent) or fresh)
+    return fresh
+
+
+def latest_run(runs: Path) -> Path | None:
+    """The run folder under ``runs`` whose ``checkpoints/last.ckpt`` was written last, or None."""
+    found = [(last.stat().st_mtime_ns, last.parents[1]) for last in runs.glob("*/checkpoints/last.ckpt")]
+    return max(found)[1] if found else None
 
 
 # conf/train.yaml names these; registered on import, before any entry point composes its config.

@@ -11,6 +11,8 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from aiayn.errors import ConfigError
+
 # Dense peak tensor-core TFLOP/s per device from the vendors' data sheets (no structured sparsity), by
 # the arithmetic a precision setting runs the matrix products in. The first name contained in the
 # device name wins, so more specific names come first.
@@ -45,6 +47,44 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
             tflops = peaks.get(arithmetic)
             return tflops * 1e12 if tflops is not None else None
     return None
+
+
+def available_cpus() -> int:
+    """The CPU cores this process may run on (its affinity mask: a SLURM or container limit)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_devices(accelerator: str, devices: Any) -> None:
+    """Fail before any work when ``trainer.devices`` asks for devices this machine does not have: GPUs
+    that are not visible, or more DDP processes on the CPU than it has cores."""
+    gpus = torch.cuda.device_count()
+    kind = "gpu" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus) else accelerator
+    if kind == "gpu" and not gpus:
+        raise ConfigError(
+            "trainer.accelerator", accelerator, "needs a CUDA GPU; none is visible here (use hardware=cpu)"
+        )
+    if devices in ("auto", -1, "-1"):
+        return  # every device present
+    present = gpus if kind == "gpu" else available_cpus() if kind == "cpu" else None
+    what = "GPU(s) visible" if kind == "gpu" else "CPU cores (one per process)"
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ConfigError("trainer.devices", devices, "must be a number of devices >= 1, -1 or auto (all)")
+        if present is not None and devices > present:
+            raise ConfigError("trainer.devices", devices, f"is more than the {present} {what} here")
+        return
+    try:  # a list of device indices, or Lightning's "0,1"
+        indices = [int(i) for i in (devices.split(",") if isinstance(devices, str) else devices)]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            "trainer.devices", devices, "must be a number of devices, a list of indices, -1 or auto"
+        ) from None
+    if kind == "gpu" and any(not 0 <= i < gpus for i in indices):
+        raise ConfigError("trainer.devices", devices, f"names a GPU that is not among the {gpus} visible here")
 
 
 @functools.cache

@@ -18,13 +18,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytorch_lightning as pl
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from aiayn.errors import ConfigError, instantiated
 from aiayn.hardware import describe_hardware
 from aiayn.model import count_parameters
 
@@ -35,7 +34,7 @@ META_KEY = "aiayn"  # the dashboard config's entry for what the composed config 
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
     "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
-    "dashboard.", "peak_tflops", "callbacks", "resume", "hardware", "sweep_dir",
+    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir",
 )  # fmt: skip
 MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
 
@@ -68,7 +67,7 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     """``online``, ``offline`` or ``disabled``, and why: ``auto`` follows ``WANDB_MODE``, else whether
     W&B has credentials."""
     if requested not in WANDB_MODES:
-        raise ValueError(f"logger.wandb.mode={requested} is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
+        raise ConfigError("logger.wandb.mode", requested, f"is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
     if requested != "auto":
         return requested, f"logger.wandb.mode={requested}"
     env = os.environ.get("WANDB_MODE", "").lower()
@@ -222,12 +221,7 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) 
         extra: dict[str, Any] = {"save_dir": str(run_dir)}
         if key == "wandb":
             extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
-        try:
-            loggers.append(instantiate(spec, **extra))
-        except InstantiationException as error:
-            if isinstance(error.__cause__, ValueError):  # a bad option: its own one-line message says the fix
-                raise error.__cause__ from None
-            raise
+        loggers.append(instantiated(spec, **extra))
     return loggers
 
 

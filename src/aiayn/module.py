@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -11,6 +12,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from aiayn.callbacks import gathered_from_ranks, metrics_flushed_at
+from aiayn.errors import ConfigError
 from aiayn.loss import label_smoothed_cross_entropy
 from aiayn.model import Transformer, TransformerConfig, translate_ids
 from aiayn.model.decoding import check_decoding
@@ -44,8 +46,7 @@ class TranslationModule(pl.LightningModule):
         compile: bool = False,
     ) -> None:
         super().__init__()
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"optim.label_smoothing={label_smoothing} must lie in [0, 1)")
+        check_optimization(label_smoothing, betas, eps, warmup, lr_scale)
         check_decoding(beam_size, alpha, max_len_offset)
         # The loggers get the whole composed config from the run (aiayn.loggers), not these arguments.
         self.save_hyperparameters(logger=False)
@@ -166,3 +167,28 @@ class TranslationModule(pl.LightningModule):
         schedule = NoamSchedule(self.model.cfg.d_model, hp.warmup, hp.lr_scale)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool, which YAML's ``true`` would be)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_optimization(
+    label_smoothing: float, betas: Sequence[float], eps: float, warmup: int, lr_scale: float
+) -> None:
+    """Fail before any work on ``optim.*`` values that label smoothing (§5.4), Adam or eq. 3 (§5.3) cannot use."""
+    if not is_number(label_smoothing) or not 0.0 <= label_smoothing < 1.0:
+        raise ConfigError("optim.label_smoothing", label_smoothing, "must lie in [0, 1) (the paper uses 0.1)")
+    if isinstance(betas, str) or len(betas) != 2 or not all(is_number(b) and 0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(
+            "optim.betas",
+            list(betas) if not isinstance(betas, str) else betas,
+            "must be two numbers in [0, 1) (the paper uses [0.9, 0.98])",
+        )
+    if not is_number(eps) or eps <= 0:
+        raise ConfigError("optim.eps", eps, "must be a number > 0 (the paper uses 1e-9)")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+        raise ConfigError("optim.warmup", warmup, "must be a whole number of steps >= 1 (the paper uses 4000)")
+    if not is_number(lr_scale) or lr_scale <= 0:
+        raise ConfigError("optim.lr_scale", lr_scale, "must be a number > 0 (1.0: eq. 3 as written)")

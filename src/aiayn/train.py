@@ -11,6 +11,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 from hydra.utils import instantiate
+from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 
@@ -23,12 +24,22 @@ from aiayn.callbacks import (
     TokenThroughput,
     ValidationReport,
 )
-from aiayn.checkpoints import STEP_NAME, average_checkpoints, save_checkpoint, step_checkpoints
+from aiayn.checkpoints import (
+    STEP_NAME,
+    AtomicCheckpointIO,
+    average_checkpoints,
+    check_resumable,
+    save_checkpoint,
+    step_checkpoints,
+)
 from aiayn.config import module_kwargs
 from aiayn.dashboard import ValidationSamples
+from aiayn.errors import ConfigError, instantiated
+from aiayn.faults import NonFiniteGuard, Preemption
 from aiayn.loggers import build_loggers, finish_loggers, log_run_config, run_identity
 from aiayn.model import count_parameters
 from aiayn.module import TranslationModule
+from aiayn.preflight import check_run_config
 from aiayn.scoring import corpus_scores
 
 PROGRESS_STYLES = ("auto", "rich", "tqdm", "quiet")  # quiet: no bar, one log line per validation (CI logs)
@@ -52,17 +63,18 @@ def train(
     in the epoch and the random state, so that it ends as an uninterrupted run would.
     """
     start = time.perf_counter()
-    check_checkpointing(cfg.checkpoint)
+    # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
+    check_run_config(cfg)
     progress = progress_style(cfg.progress)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    pl.seed_everything(cfg.seed, workers=True)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    OmegaConf.save(resolved, run_dir / "config.yaml")
-
-    datamodule = instantiate(cfg.data)
+    pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
+    datamodule = instantiated(cfg.data)
     module = TranslationModule(**module_kwargs(cfg))
     checkpoint_dir = run_dir / "checkpoints"
-    resume = resume_from(cfg.resume, checkpoint_dir)
+    resume = resume_from(cfg.resume, checkpoint_dir, module.hparams.model)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    OmegaConf.save(resolved, run_dir / "config.yaml")
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir,
         filename="best",
@@ -96,11 +108,15 @@ def train(
     )
     throughput = TokenThroughput(peak_tflops=cfg.peak_tflops)
     final = FinalCheckpoint(checkpoint_dir / "last.ckpt")
+    guard = NonFiniteGuard(cfg.max_nonfinite_steps, final.path)
     display = {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[progress]
     loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
     trainer_kwargs = trainer_options(cfg.trainer)
     trainer_kwargs.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer_kwargs.setdefault("enable_model_summary", progress != "quiet")
+    plugins = list(trainer_kwargs.pop("plugins", None) or [])
+    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
+        plugins.append(AtomicCheckpointIO())  # unless the user brings their own (cloud storage ...)
     trainer = pl.Trainer(
         **trainer_kwargs,
         callbacks=[
@@ -108,6 +124,8 @@ def train(
             latest,
             periodic,
             final,
+            Preemption(final.path),
+            guard,
             throughput,
             SelfContainedCheckpoints(resolved),
             RandomState(),
@@ -117,6 +135,7 @@ def train(
             *callbacks,
         ],
         logger=loggers,
+        plugins=plugins,
         default_root_dir=str(run_dir),
     )
     batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
@@ -126,6 +145,8 @@ def train(
         results = fit_and_test(cfg, run_dir, trainer, module, datamodule, checkpoint, throughput, final, resume)
         results["batch"] = batching
         results["data"] = datamodule.filtered
+        results["skipped_steps"] = guard.skipped  # non-finite loss or gradients (aiayn.faults)
+        results["overflow_steps"] = guard.overflows  # fp16 steps the gradient scaler skipped
         results["wall_s"] = time.perf_counter() - start
         results["overrides"] = list(overrides)
         if trainer.is_global_zero:
@@ -148,13 +169,13 @@ def fit_and_test(
 ) -> dict[str, Any]:
     """Fit (from ``resume`` when given), then validate and test the best checkpoint and test the
     average of the newest ones. Without a test split, the scores are the validation's."""
-    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
     last = final.path
     if final.saved_step != trainer.global_step:  # stopped otherwise (an epoch limit, nothing left to do)
         trainer.save_checkpoint(last)
 
     best = checkpoint.best_model_path or str(last)
-    val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)[0]
     results = {
         "params": count_parameters(module.model),
         "val_bleu": val["val/bleu"],
@@ -171,7 +192,7 @@ def fit_and_test(
     }
     if "test" not in datamodule.roles:
         return results
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False)[0]
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)[0]
     references = datamodule.references["test"]
     write = trainer.is_global_zero  # every rank has all hypotheses and scores; one writes them
     test_scores = score_hypotheses(module.test_hypotheses, references, run_dir / "test.hyp.txt" if write else None)
@@ -188,7 +209,7 @@ def fit_and_test(
         if trainer.is_global_zero:
             save_checkpoint(average_checkpoints(sources), averaged)
         trainer.strategy.barrier("averaged checkpoint written")
-        trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False)
+        trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False, weights_only=True)
         output = run_dir / "test.averaged.hyp.txt" if write else None
         scores = score_hypotheses(module.test_hypotheses, references, output)
         results["test_bleu_averaged"] = scores["sacrebleu"]
@@ -203,38 +224,36 @@ def trainer_options(trainer: DictConfig) -> dict[str, Any]:
     return instantiate(trainer, _convert_="all")
 
 
-def resume_from(requested: str | None, checkpoint_dir: Path) -> Path | None:
-    """The checkpoint to continue from: ``requested``, else the run folder's own ``last.ckpt``."""
-    if requested:
+def resume_from(requested: bool | str | None, checkpoint_dir: Path, model: dict[str, Any]) -> Path | None:
+    """The checkpoint to continue from: ``requested`` when it is a path; else the run folder's own
+    ``last.ckpt`` (a restarted or requeued run; ``resume=true`` chose the folder of the latest run), which
+    ``resume=true`` requires. The checkpoint must hold the training state of a model like ``model``."""
+    if isinstance(requested, str):
         path = Path(requested).expanduser()
         if not path.is_file():
-            raise ValueError(f"resume={requested} is not a file; give a checkpoint, e.g. <run>/checkpoints/last.ckpt")
-        return path
-    last = checkpoint_dir / "last.ckpt"
-    return last if last.is_file() else None
+            raise ConfigError(
+                "resume", requested, "is not a file; give a checkpoint such as <run>/checkpoints/last.ckpt"
+            )
+    else:
+        path = checkpoint_dir / "last.ckpt"
+        if not path.is_file():
+            if requested is True:
+                raise ConfigError(
+                    "resume", True, f"found no earlier run with checkpoints/last.ckpt in {checkpoint_dir.parents[1]}"
+                )
+            return None
+    check_resumable(path, model)
+    return path
 
 
 def progress_style(requested: str) -> str:
     """``rich``, ``tqdm`` or ``quiet``; ``auto`` is the rich bar on a terminal and quiet elsewhere (CI,
     SLURM and nohup logs, where a bar would print nothing until its end, or a line per refresh)."""
     if requested not in PROGRESS_STYLES:
-        raise ValueError(f"progress={requested} is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
+        raise ConfigError("progress", requested, f"is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
     if requested == "auto":
         return "rich" if sys.stdout.isatty() else "quiet"
     return requested
-
-
-def check_checkpointing(checkpoint: DictConfig) -> None:
-    """``checkpoint.keep_last`` and ``checkpoint.average_last`` must fit together; fail before training."""
-    keep, average = checkpoint.keep_last, checkpoint.average_last
-    if not isinstance(keep, int) or keep < 0:
-        raise ValueError(f"checkpoint.keep_last={keep} must be a whole number >= 0 (0 keeps no step checkpoints)")
-    if not isinstance(average, int) or average < 0:
-        raise ValueError(f"checkpoint.average_last={average} must be a whole number >= 0 (0 or 1: no averaging)")
-    if average > max(keep, 1):
-        raise ValueError(
-            f"checkpoint.average_last={average} needs that many kept checkpoints; set checkpoint.keep_last>={average}"
-        )
 
 
 def score_hypotheses(hypotheses: dict[int, str], references: list[str], output: Path | None) -> dict[str, Any]:

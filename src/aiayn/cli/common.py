@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from hydra.errors import CompactHydraException
 
-from aiayn.checkpoints import CheckpointError
-from aiayn.data.corpus import DataError
+from aiayn.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
+from aiayn.faults import Preempted
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
+# What a training run reports in one line: a bad setting, bad data or a bad checkpoint (exit 2). Other
+# errors keep their traceback: a ValueError deep in a long run is more likely a bug than a typo.
+RUN_INPUT_ERRORS = (ConfigError, DataError, CheckpointError)
+_REPORTING = "AIAYN_REPORTS_HYDRA_ERRORS"  # set with HYDRA_FULL_ERROR by us, not by the user
 
 
 @contextmanager
@@ -27,8 +33,62 @@ def reported_as_usage_errors(program: str) -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
     except USER_ERRORS as error:
-        print(f"{program}: error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(program, error, 2)
+
+
+@contextmanager
+def reported_hydra_errors(program: str) -> Iterator[None]:
+    """Around a Hydra app: Hydra's own errors (an unknown key or config option, a malformed override) in
+    one line on stderr, exit status 2.
+
+    Hydra prints them itself, with a hint about tracebacks, and exits with 1, unless ``HYDRA_FULL_ERROR=1``,
+    when it raises them: that is set here, for this process and the DDP ranks it starts. A user who
+    sets ``HYDRA_FULL_ERROR=1`` gets Hydra's tracebacks instead.
+    """
+    if os.environ.get("HYDRA_FULL_ERROR") == "1" and _REPORTING not in os.environ:
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in ("HYDRA_FULL_ERROR", _REPORTING)}
+    os.environ.update({"HYDRA_FULL_ERROR": "1", _REPORTING: "1"})
+    try:
+        yield
+    except CompactHydraException as error:
+        fail(program, error, 2)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def reported_run_errors(program: str, run_dir: Path) -> Iterator[None]:
+    """Around a training run (inside the Hydra app): one line on stderr, no traceback, for
+
+    - :data:`RUN_INPUT_ERRORS`: exit status 2, fix the input and run again; ``run_dir`` is removed when
+      it holds nothing but Hydra's files (the run never started);
+    - :class:`~aiayn.errors.TrainingDiverged`: status 1;
+    - :class:`~aiayn.faults.Preempted` (a checkpoint was saved at a signal): 128 + the signal's number,
+      as a shell reports a process that a signal ended.
+    """
+    try:
+        yield
+    except RUN_INPUT_ERRORS as error:
+        if run_dir.is_dir() and all(path.name == ".hydra" or path.suffix == ".log" for path in run_dir.iterdir()):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        fail(program, error, 2)
+    except TrainingDiverged as error:
+        fail(program, error, 1)
+    except Preempted as error:
+        fail(program, error, 128 + error.signum)
+
+
+def fail(program: str, error: BaseException, status: int) -> None:
+    """``<program>: error: <the error's message in one line>`` on stderr, and exit with ``status``."""
+    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    print(f"{program}: {'stopped' if isinstance(error, Preempted) else 'error'}: {message}", file=sys.stderr)
+    sys.exit(status)
 
 
 def resolve_device(device: str) -> torch.device:

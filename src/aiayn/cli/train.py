@@ -14,14 +14,21 @@ from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
 from aiayn.allocator import retain_freed_memory
+from aiayn.cli.common import reported_hydra_errors, reported_run_errors
 from aiayn.config import config_dir
 from aiayn.train import train
 
 log = logging.getLogger(__name__)
 
 
+def main() -> None:
+    """The console script: :func:`run`, with errors a user can act on reported in one line."""
+    with reported_hydra_errors("aiayn-train"):
+        run()
+
+
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     if not retain_freed_memory():
         log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
@@ -32,7 +39,9 @@ def main(cfg: DictConfig) -> None:
             file=sys.stderr,
         )
         raise SystemExit(2)
-    results = train(cfg, Path(hydra_cfg.runtime.output_dir), list(hydra_cfg.overrides.task), dashboard_group(cfg))
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    with reported_run_errors("aiayn-train", run_dir):
+        results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
 

@@ -20,13 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from aiayn.errors import ConfigError, DataError
+
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{stem}.{lang}.gz"
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
 MULTI30K_LANGS = ("en", "de", "fr")
-
-
-class DataError(RuntimeError):
-    """Input data that cannot be used as it is; the message names the file (and line)."""
 
 
 def default_cache_dir() -> Path:
@@ -182,28 +180,30 @@ class Multi30k(_TextPairs):
         self, src_lang: str, tgt_lang: str, root: Path | None, cache_dir: Path, val_split: str, test_split: str
     ) -> None:
         super().__init__()
-        for lang in (src_lang, tgt_lang):
+        for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if lang not in MULTI30K_LANGS:
-                raise ValueError(f"data language {lang!r} is not in Multi30k; use one of {', '.join(MULTI30K_LANGS)}")
+                allowed = f"is not a language of Multi30k; use one of {', '.join(MULTI30K_LANGS)}"
+                raise ConfigError(f"data.{key}", lang, allowed)
         for key, split in (("val_split", val_split), ("test_split", test_split)):
             if split not in MULTI30K_SPLITS:
-                raise ValueError(f"data.{key}={split!r} must be one of {', '.join(MULTI30K_SPLITS)}")
+                raise ConfigError(f"data.{key}", split, f"must be one of {', '.join(MULTI30K_SPLITS)}")
+        if root is not None:  # a local copy must be complete before any work starts
+            if not root.is_dir():
+                raise ConfigError("data.root", root, "is not a folder; give the folder of the Multi30k files")
+            for stem in MULTI30K_SPLITS.values():
+                for lang in (src_lang, tgt_lang):
+                    split_file(root, stem, lang)
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.root, self.cache_dir = root, cache_dir
         self.roles = {"train": "train", "val": val_split, "test": test_split}
-        self._folder: Path | None = None
+        self._folder: Path | None = root
 
     def splits(self) -> list[str]:
         return list(MULTI30K_SPLITS)  # all of them: the cache does not depend on val_split/test_split
 
     def folder(self) -> Path:
-        if self._folder is None:
-            if self.root is not None:
-                if not self.root.is_dir():
-                    raise DataError(f"data.root={self.root} is not a folder; point it at the Multi30k task-1 raw files")
-                self._folder = self.root
-            else:
-                self._folder = download_multi30k(self.cache_dir / "multi30k", MULTI30K_LANGS)
+        if self._folder is None:  # no local copy: the public one, downloaded once
+            self._folder = download_multi30k(self.cache_dir / "multi30k", MULTI30K_LANGS)
         return self._folder
 
     def files(self, split: str, lang: str) -> Path:
@@ -224,14 +224,14 @@ class TextFiles(_TextPairs):
             pair = files.get(role)
             if pair is None:
                 if role != "test":
-                    raise ValueError(f"data.{role} is not set; give [source file, target file]")
+                    raise ConfigError(f"data.{role}", None, "is not set; give [source file, target file]")
                 continue
             if isinstance(pair, str) or len(pair) != 2:
-                raise ValueError(f"data.{role}={pair} must be a list of two files: [source, target]")
+                raise ConfigError(f"data.{role}", pair, "must be a list of two files: [source, target]")
             paths = [Path(p).expanduser() if root is None else Path(root).expanduser() / p for p in pair]
             for path in paths:
                 if not path.is_file():
-                    raise DataError(f"data.{role}: {path} is not a file")
+                    raise ConfigError(f"data.{role}", list(pair), f"names {path}, which is not a file")
             self.paths[role] = dict(zip((src_lang, tgt_lang), paths, strict=True))
         self.roles = {role: (role if role in self.paths else None) for role in ("train", "val", "test")}
 

@@ -30,6 +30,7 @@ from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dty
 from aiayn.data.encoding import encode_split
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,11 @@ class TranslationDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if corpus.src_lang == corpus.tgt_lang:
-            raise ValueError(f"data.src_lang and data.tgt_lang are both {corpus.src_lang!r}; choose two languages")
+            raise ConfigError("data.tgt_lang", corpus.tgt_lang, "is data.src_lang too; translate between two languages")
         if max_len_ratio is not None and max_len_ratio < 1:
-            raise ValueError(f"data.max_len_ratio={max_len_ratio} must be at least 1 (or null: no ratio filter)")
+            raise ConfigError("data.max_len_ratio", max_len_ratio, "must be at least 1 (or null: no ratio filter)")
         if tokenizer_sample < 1:
-            raise ValueError(f"data.tokenizer_sample={tokenizer_sample} must be a positive number of pairs")
+            raise ConfigError("data.tokenizer_sample", tokenizer_sample, "must be a positive number of pairs")
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.vocab_size, self.tokenizer_sample, self.encode_workers = vocab_size, tokenizer_sample, encode_workers
@@ -304,7 +305,10 @@ class WMT14DataModule(TranslationDataModule):
     ) -> None:
         pair = set(config.split("-"))
         if {src_lang, tgt_lang} != pair:
-            raise ValueError(f"data.config={config} does not hold {src_lang} and {tgt_lang}; use data.config=<x>-<y>")
+            allowed = f"does not hold data.src_lang={src_lang} and data.tgt_lang={tgt_lang}; use the pair's config"
+            raise ConfigError("data.config", config, allowed)
+        if root is not None and not Path(root).expanduser().exists():
+            raise ConfigError("data.root", root, "does not exist; give a local copy of WMT14 (or null: the Hub's)")
         splits = dict(splits or {"train": "train", "val": "validation", "test": "test"})
         corpus = HuggingFaceTranslation(src_lang, tgt_lang, root or hub, config, splits)
         super().__init__(corpus, **options)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from aiayn.errors import ConfigError
+
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none", "rope")
 
 
@@ -33,17 +35,24 @@ class TransformerConfig:
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"model.{key}={getattr(self, key)} must be a positive integer")
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                where = "data" if key == "vocab_size" else "model"  # the vocabulary is the corpus's
+                raise ConfigError(f"{where}.{key}", value, "must be a positive whole number")
         for key in ("dropout", "attn_dropout"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"model.{key}={getattr(self, key)} must lie in [0, 1)")
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"model.{key}", value, "must be a probability in [0, 1)")
+        for key in ("norm_first", "share_embeddings"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"model.{key}", getattr(self, key), "must be true or false")
         if self.positional not in POSITIONAL_ENCODINGS:
-            raise ValueError(f"model.positional={self.positional!r} must be one of {', '.join(POSITIONAL_ENCODINGS)}")
+            raise ConfigError("model.positional", self.positional, f"must be one of {', '.join(POSITIONAL_ENCODINGS)}")
+        # Sinusoids come in sine/cosine pairs, one pair per two dimensions (§3.5); rotations turn pairs of d_k.
         if self.positional == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"model.d_model={self.d_model} must be even for model.positional=sinusoidal")
+            raise ConfigError("model.d_model", self.d_model, "must be even for model.positional=sinusoidal")
         if self.positional == "rope" and self.d_k % 2:
-            raise ValueError(f"model.d_k={self.d_k} must be even for model.positional=rope")
+            raise ConfigError("model.d_k", self.d_k, "must be even for model.positional=rope")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from aiayn.errors import ConfigError
 from aiayn.model.beam_search import beam_search
 from aiayn.model.transformer import Transformer
 
@@ -34,8 +35,8 @@ def translate_ids(
 def check_decoding(beam_size: int, alpha: float, max_len_offset: int) -> None:
     """Fail before any work on decoding options that beam search cannot use."""
     if not isinstance(beam_size, int) or beam_size < 1:
-        raise ValueError(f"decoding.beam_size={beam_size} must be a whole number >= 1 (1 is greedy decoding)")
+        raise ConfigError("decoding.beam_size", beam_size, "must be a whole number >= 1 (1 is greedy decoding)")
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"decoding.alpha={alpha} must be a number >= 0 (0: no length penalty; the paper uses 0.6)")
+        raise ConfigError("decoding.alpha", alpha, "must be a number >= 0 (0: no length penalty; the paper uses 0.6)")
     if not isinstance(max_len_offset, int) or max_len_offset < 0:
-        raise ValueError(f"decoding.max_len_offset={max_len_offset} must be a whole number >= 0 (the paper uses 50)")
+        raise ConfigError("decoding.max_len_offset", max_len_offset, "must be a whole number >= 0 (the paper uses 50)")
