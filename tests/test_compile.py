@@ -52,5 +52,5 @@ def test_the_training_forward_compiles_into_one_graph() -> None:
 
 
 def test_model_compile_must_be_a_boolean() -> None:
-    with pytest.raises(ValueError, match=r"model.compile='maybe' must be true or false"):
+    with pytest.raises(ValueError, match=r"model.compile=maybe must be true or false"):
         tiny_kwargs("model.compile=maybe")

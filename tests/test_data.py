@@ -10,6 +10,7 @@ import torch
 
 from aiayn.data import DataError, Multi30kDataModule, Tokenizer
 from aiayn.data import corpus as corpus_module
+from aiayn.errors import ConfigError
 
 
 def datamodule(root: Path, cache: Path, **kwargs: object) -> Multi30kDataModule:
@@ -75,9 +76,14 @@ def test_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
 
 
 def test_missing_root_names_the_key(tmp_path: Path) -> None:
-    dm = Multi30kDataModule(root=str(tmp_path / "nowhere"), cache_dir=str(tmp_path))
-    with pytest.raises(DataError, match=r"data\.root"):
-        dm.prepare_data()
+    with pytest.raises(ConfigError, match=r"data\.root=.*nowhere is not a folder"):
+        Multi30kDataModule(root=str(tmp_path / "nowhere"), cache_dir=str(tmp_path))
+
+
+def test_a_root_without_a_needed_file_names_the_file(tmp_path: Path) -> None:
+    write_corpus(tmp_path / "c", {"en": [b"a"], "fr": [b"b"]})  # no German
+    with pytest.raises(DataError, match=r"train\.de\.gz not found"):
+        Multi30kDataModule(root=str(tmp_path / "c"), cache_dir=str(tmp_path / "cache"))
 
 
 def test_impossible_download_says_to_set_data_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,9 +124,9 @@ def test_empty_and_overlong_training_pairs_are_dropped_and_counted(
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"src_lang": "en", "tgt_lang": "en"}, "both 'en'"),
-        ({"src_lang": "xx"}, "'xx' is not in Multi30k"),
-        ({"val_split": "dev"}, "data.val_split='dev'"),
+        ({"src_lang": "en", "tgt_lang": "en"}, "data.tgt_lang=en is data.src_lang too"),
+        ({"src_lang": "xx"}, "data.src_lang=xx is not a language of Multi30k"),
+        ({"val_split": "dev"}, "data.val_split=dev must be one of"),
     ],
 )
 def test_bad_settings_are_rejected_early(kwargs: dict[str, str], message: str) -> None:

@@ -104,7 +104,7 @@ def test_missing_split_and_unknown_pair_are_clear_errors(sentences: dict[str, li
     data.save_to_disk(str(tmp_path / "no-test"))
     with pytest.raises(DataError, match=r"no split 'test' \(the test split\); it has train, validation"):
         module(tmp_path / "no-test", tmp_path / "cache").prepare_data()
-    with pytest.raises(ValueError, match=r"data\.config=fr-en does not hold en and de"):
+    with pytest.raises(ValueError, match=r"data\.config=fr-en does not hold data\.src_lang=en and data\.tgt_lang=de"):
         WMT14DataModule(config="fr-en")
 
 

@@ -51,9 +51,16 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+        if found:
+            raise CheckpointError(
+                f"checkpoint {path} holds {found.group(1)} objects, not only tensors and plain data; those "
+                "are not loaded (weights_only=True): it was not written by aiayn-train or aiayn-average"
+            ) from None
+        detail = re.search(r"WeightsUnpickler error:\s*(.+)", str(error))
         raise CheckpointError(
-            f"checkpoint {path} holds objects other than tensors and plain data, which are not loaded "
-            f"(weights_only=True); it was not written by aiayn-train or aiayn-average ({first_line(error)})"
+            f"checkpoint {path} cannot be read; it is truncated or not a PyTorch checkpoint "
+            f"({detail.group(1).strip() if detail else first_line(error)})"
         ) from None
     except Exception as error:  # torch raises several types for truncated or foreign files
         raise CheckpointError(

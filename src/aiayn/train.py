@@ -32,7 +32,7 @@ from aiayn.checkpoints import (
     save_checkpoint,
     step_checkpoints,
 )
-from aiayn.config import module_kwargs
+from aiayn.config import model_config, module_kwargs
 from aiayn.dashboard import ValidationSamples
 from aiayn.errors import ConfigError, instantiated
 from aiayn.faults import NonFiniteGuard, Preemption
@@ -66,15 +66,13 @@ def train(
     # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
     check_run_config(cfg)
     progress = progress_style(cfg.progress)
-    pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
     datamodule = instantiated(cfg.data)
-    module = TranslationModule(**module_kwargs(cfg))
     checkpoint_dir = run_dir / "checkpoints"
-    resume = resume_from(cfg.resume, checkpoint_dir, module.hparams.model)
+    resume = resume_from(cfg.resume, checkpoint_dir, model_config(cfg))
+    pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
+    module = TranslationModule(**module_kwargs(cfg))
 
-    run_dir.mkdir(parents=True, exist_ok=True)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    OmegaConf.save(resolved, run_dir / "config.yaml")
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir,
         filename="best",
@@ -139,6 +137,8 @@ def train(
         default_root_dir=str(run_dir),
     )
     batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(resolved, run_dir / "config.yaml")
     results = None
     try:
         log_run_config(loggers, resolved, overrides, trainer, module.model, batching)

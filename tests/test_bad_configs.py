@@ -1,0 +1,108 @@
+"""Impossible or inconsistent settings stop ``aiayn-train`` before any work: exit status 2 and one line on
+stderr that names the key and the value, no traceback, and no run folder left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import train as train_cli
+
+
+def base(root: Path, cache: Path) -> list[str]:
+    return [f"data.root={root}", f"data.cache_dir={cache}", "logger=none", "trainer.max_steps=1", "progress=quiet"]
+
+
+# (overrides, the key the message must name, the value it must show)
+BAD_CONFIGS = [
+    (["model.d_model=0"], "model.d_model", "0"),
+    (["model.n_heads=-8"], "model.n_heads", "-8"),
+    (["model.d_ff=0"], "model.d_ff", "0"),
+    (["model.n_layers=0"], "model.n_layers", "0"),
+    (["model.d_k=two"], "model.d_k", "two"),
+    (["data.vocab_size=0"], "data.vocab_size", "0"),
+    (["model.d_model=511"], "model.d_model", "511"),  # sinusoids come in pairs (§3.5)
+    (["model.positional=rope", "model.d_k=63"], "model.d_k", "63"),
+    (["model.dropout=1.0"], "model.dropout", "1.0"),
+    (["model.attn_dropout=-0.1"], "model.attn_dropout", "-0.1"),
+    (["model.positional=alibi"], "model.positional", "alibi"),
+    (["+model.heads=4"], "model.heads", "4"),
+    (["data.max_tokens=100"], "data.max_tokens", "100"),  # data.max_len is 256
+    (["data.max_len=0"], "data.max_len", "0"),
+    (["data.eval_max_tokens=-1"], "data.eval_max_tokens", "-1"),
+    (["model.positional=learned", "model.max_positions=64"], "data.max_len", "256"),
+    (["trainer.devices=64"], "trainer.devices", "64"),  # more processes than CPU cores
+    (["trainer.devices=0"], "trainer.devices", "0"),
+    (["data.root={tmp}/no-such-folder"], "data.root", "no-such-folder"),
+    (["data.tgt_lang=en"], "data.tgt_lang", "en"),  # source and target are both English
+    (["data.src_lang=xx"], "data.src_lang", "xx"),
+    (["data=wmt14_en_de", "data.config=fr-en"], "data.config", "fr-en"),
+    (["data=text"], "data.src_lang", "???"),
+    (["optim.label_smoothing=1.5"], "optim.label_smoothing", "1.5"),
+    (["optim.warmup=0"], "optim.warmup", "0"),
+    (["optim.betas=[0.9]"], "optim.betas", "[0.9]"),
+    (["+optim.warmpu=10"], "optim.warmpu", "10"),
+    (["decoding.beam_size=0"], "decoding.beam_size", "0"),
+    (["checkpoint.keep_last=2", "checkpoint.average_last=9"], "checkpoint.average_last", "9"),
+    (["checkpoint.every_steps=0"], "checkpoint.every_steps", "0"),
+    (["tokens_per_step=10"], "tokens_per_step", "10"),
+    (["trainer.precision=bf17"], "trainer.precision", "bf17"),
+    (["trainer.max_steps=0"], "trainer.max_steps", "0"),
+    (["progress=loud"], "progress", "loud"),
+    (["seed=abc"], "seed", "abc"),
+    (["max_nonfinite_steps=0"], "max_nonfinite_steps", "0"),
+    (["model.compile=maybe"], "model.compile", "maybe"),
+    (["resume={tmp}/none.ckpt"], "resume", "none.ckpt"),
+    (["resume=true"], "resume", "true"),  # no earlier run of this name
+    (["logger=wandb", "logger.wandb.mode=loud"], "logger.wandb.mode", "loud"),
+    # Hydra's own errors: an unknown config option, an unknown key
+    (["model=huge"], "model/huge", "huge"),
+    (["model.heads=4"], "model.heads", "4"),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "value"), BAD_CONFIGS, ids=lambda v: " ".join(v) if isinstance(v, list) else None
+)
+def test_a_bad_setting_stops_before_any_work_naming_the_key(
+    overrides: list[str],
+    key: str,
+    value: str,
+    multi30k_root: Path,
+    cache_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.chdir(tmp_path)  # run folders go to ./outputs
+    overrides = [override.format(tmp=tmp_path) for override in overrides]
+    # Hydra's logging setup off: in process it would keep handlers on pytest's captured streams.
+    argv = [*base(multi30k_root, cache_dir), *overrides, "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        train_cli.main()
+    assert stopped.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("aiayn-train: error: "), lines
+    assert key in lines[0] and value in lines[0], lines[0]
+    assert "HYDRA_FULL_ERROR" not in os.environ  # set for Hydra only while the command runs
+    outputs = tmp_path / "outputs"
+    assert not outputs.exists() or not [p for p in outputs.glob("*/*") if p.is_dir()]  # no run folder left
+
+
+def test_the_installed_command_exits_with_2_and_one_line(multi30k_root: Path, cache_dir: Path, tmp_path: Path) -> None:
+    """The real console script in its own process: the status a shell or a scheduler sees."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aiayn.cli.train", *base(multi30k_root, cache_dir), "model.dropout=1.5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["aiayn-train: error: model.dropout=1.5 must be a probability in [0, 1)"]
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*"))
