@@ -56,7 +56,16 @@ def test_a_local_wmt14_copy_is_encoded_in_parallel_cached_and_filtered(
     dm = module(tmp_path / "wmt14", tmp_path / "cache", encode_workers=2, tokenizer_sample=200)
     dm.prepare_data()
     dm.setup()
-    assert dm.filtered == {"pairs": 300, "kept": 293, "empty": 3, "too_long": 2, "length_ratio": 2}
+    expected = {
+        "pairs": 300,
+        "kept": 293,
+        "empty": 3,
+        "too_long": 2,
+        "length_ratio": 2,
+        "val_empty": 0,
+        "test_empty": 0,
+    }
+    assert dm.filtered == expected
     assert len(dm.datasets["train"]) == 293 and len(dm.references["val"]) == 40 and len(dm.references["test"]) == 60
     assert dm.references["test"][0] == sentences["de"][340]  # newstest2014's place: the German side
 

@@ -99,6 +99,15 @@ class TranslationModule(pl.LightningModule):
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), batch_size=1)
 
+    def setup(self, stage: str) -> None:
+        # Learned positions are a table of max_positions rows (Table 3 row E) and evaluation sentences are
+        # never filtered: a longer one must stop the run now, not at its first validation.
+        datamodule = self.trainer.datamodule if self._trainer is not None else None
+        if self.model.cfg.positional == "learned" and datamodule is not None:
+            for role in ("val", "test"):
+                if role in datamodule.datasets:
+                    datamodule.check_lengths(role, self.model.cfg.max_positions, "model.max_positions")
+
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])

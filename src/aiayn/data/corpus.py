@@ -13,6 +13,7 @@ import os
 import shutil
 import urllib.error
 import urllib.request
+import zlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -45,8 +46,11 @@ def split_file(root: Path, stem: str, lang: str) -> Path:
 def read_lines(path: Path) -> list[str]:
     """UTF-8 lines without their line ends; invalid UTF-8 is reported with file and line."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as handle:
-        raw = handle.read()
+    try:
+        with opener(path, "rb") as handle:
+            raw = handle.read()
+    except (OSError, EOFError, zlib.error) as err:  # unreadable, or a truncated or corrupt .gz
+        raise DataError(f"{path}: cannot be read ({err})") from None
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -134,6 +138,10 @@ class ParallelCorpus(ABC):
     def where(self, split: str) -> str:
         """Where ``split`` comes from, for messages (a file, a dataset split)."""
 
+    def at(self, split: str, row: int, lang: str) -> str:
+        """Where the ``lang`` side of ``row`` of ``split`` is, for messages."""
+        return f"{self.where(split)} row {row}"
+
 
 class _TextPairs(ParallelCorpus):
     """A corpus made of aligned text files, ``files[split] = (source file, target file)``; each pair of
@@ -166,6 +174,9 @@ class _TextPairs(ParallelCorpus):
 
     def where(self, split: str) -> str:
         return str(self.files(split, self.src_lang))
+
+    def at(self, split: str, row: int, lang: str) -> str:
+        return f"{self.files(split, lang)}:{row + 1}"  # file:line, as compilers and editors read it
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_text": {}}  # encoding workers get the text chunk by chunk, never all of it

@@ -167,6 +167,9 @@ class TranslationDataModule(pl.LightningDataModule):
             if len(indices) == 0:
                 raise DataError(f"{self.corpus.where(split)} has no sentence pairs")
             self.datasets[role] = ParallelDataset(src, tgt, indices)
+            if role != "train":  # evaluation splits are used whole: check them now, not at the first validation
+                self._report_empty(role)
+                self.check_lengths(role, self.eval_max_tokens, "data.eval_max_tokens")
 
     def _filter_training_pairs(self, src: EncodedText, tgt: EncodedText, indices: np.ndarray) -> np.ndarray:
         """Drop empty, over-long and length-mismatched training pairs; count each reason."""
@@ -178,7 +181,7 @@ class TranslationDataModule(pl.LightningDataModule):
             longer, shorter = np.maximum(src_len, tgt_len), np.maximum(np.minimum(src_len, tgt_len), 1)
             ratio = ~empty & ~too_long & (longer > self.max_len_ratio * shorter)
         keep = ~(empty | too_long | ratio)
-        self.filtered = {
+        self.filtered |= {
             "pairs": len(indices),
             "kept": int(keep.sum()),
             "empty": int(empty.sum()),
@@ -201,6 +204,32 @@ class TranslationDataModule(pl.LightningDataModule):
         if not keep.any():
             raise DataError(f"{where}: no training pair left after filtering; check the data and data.max_len")
         return indices[keep]
+
+    def check_lengths(self, role: str, limit: int, key: str) -> None:
+        """Every pair of ``role`` is at most ``limit`` tokens long (source + EOS, BOS + target), else a
+        :class:`DataError` that names the file and line of the longest and the setting ``key`` to raise."""
+        dataset = self.datasets[role]
+        sizes = dataset.sizes()
+        worst = int(sizes.argmax())
+        if sizes[worst] > limit:
+            row = int(dataset.indices[worst])
+            src_longer = dataset.src.lengths[row] >= dataset.tgt.lengths[row]
+            where = self.corpus.at(self.split_names[role], row, self.src_lang if src_longer else self.tgt_lang)
+            raise DataError(
+                f"{where}: this {role} sentence is {sizes[worst]} tokens long, more than {key}={limit}; "
+                f"raise {key} or remove the sentence"
+            )
+
+    def _report_empty(self, role: str) -> None:
+        """Empty sentences of an evaluation split are kept (scores count them) and reported."""
+        dataset = self.datasets[role]
+        empty = np.flatnonzero(
+            (dataset.src.lengths[dataset.indices] == 0) | (dataset.tgt.lengths[dataset.indices] == 0)
+        )
+        if len(empty):
+            first = self.corpus.at(self.split_names[role], int(dataset.indices[empty[0]]), self.src_lang)
+            log.warning("%s: %d %s pair(s) with an empty side, kept (the first: %s)", role, len(empty), role, first)
+        self.filtered[f"{role}_empty"] = len(empty)
 
     def split_texts(self, role: str) -> tuple[list[str], list[str]]:
         """Raw source and target lines of the ``train``, ``val`` or ``test`` split, aligned."""
