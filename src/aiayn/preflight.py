@@ -76,7 +76,7 @@ def check_trainer(trainer: DictConfig) -> None:
     """Devices that exist, a precision Lightning knows, step and epoch limits it can use."""
     check_devices(trainer.get("accelerator", "auto"), trainer.get("devices", "auto"))
     precision = trainer.get("precision", "32-true")
-    if precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISIONS:  # null: Lightning's default, or a plugin's
         raise ConfigError("trainer.precision", precision, "must be one of 32-true, bf16-mixed, 16-mixed, bf16-true")
     for key in ("max_steps", "max_epochs"):
         value = trainer.get(key, -1)

@@ -1,0 +1,133 @@
+"""Non-finite losses and gradients: a step with one is skipped and counted, fp16 overflows are left to the
+gradient scaler and counted, and a run of them stops training with the last good checkpoint kept."""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+
+from aiayn.cli import train as train_cli
+from aiayn.config import compose_run_config
+from aiayn.module import TranslationModule
+from aiayn.train import train
+from test_resume import settings
+
+pytestmark = pytest.mark.slow
+
+
+def poison(monkeypatch: pytest.MonkeyPatch, steps: set[int], how: str) -> None:
+    """Makes the training loss of the optimizer steps ``steps`` non-finite: ``plus`` adds NaN (the
+    gradients stay finite), ``times`` multiplies by NaN (they become NaN too), ``inf`` multiplies by inf."""
+    original = TranslationModule.training_loss
+
+    def poisoned(self: TranslationModule, batch: dict) -> tuple[torch.Tensor, int]:
+        loss, n_tokens = original(self, batch)
+        if self.trainer.global_step in steps:
+            loss = {"plus": lambda: loss + math.nan, "times": lambda: loss * math.nan, "inf": lambda: loss * math.inf}[
+                how
+            ]()
+        return loss, n_tokens
+
+    monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
+
+
+class WeightWatch(pl.Callback):
+    """Records, per optimizer step, whether the step changed the weights."""
+
+    def __init__(self) -> None:
+        self.changed: dict[int, bool] = {}
+        self._before: torch.Tensor | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        self._before = torch.cat([p.detach().flatten() for p in pl_module.parameters()]).clone()
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        after = torch.cat([p.detach().flatten() for p in pl_module.parameters()])
+        assert torch.isfinite(after).all(), f"non-finite weights after step {trainer.global_step}"
+        self.changed[trainer.global_step - 1] = not torch.equal(after, self._before)
+
+
+def metrics(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "csv" / "metrics.csv") as rows:
+        return list(csv.DictReader(rows))
+
+
+@pytest.mark.parametrize("how", ["plus", "times", "inf"])
+def test_a_step_with_a_non_finite_loss_is_skipped_and_counted(
+    how: str, tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    poison(monkeypatch, {3, 4}, how)
+    overrides = settings(multi30k_root, cache_dir, "trainer.max_steps=8")
+    watch = WeightWatch()
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[watch])
+    assert results["skipped_steps"] == 2 and results["overflow_steps"] == 0 and results["steps"] == 8
+    assert watch.changed == {0: True, 1: True, 2: True, 3: False, 4: False, 5: True, 6: True, 7: True}
+    logged = [float(row["train/skipped_steps"]) for row in metrics(tmp_path / "run") if row.get("train/skipped_steps")]
+    assert logged[-1] == 2 and max(logged) == 2
+    last = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(torch.isfinite(t).all() for t in last["state_dict"].values() if t.is_floating_point())
+    adam = last["optimizer_states"][0]["state"]
+    assert {float(state["step"]) for state in adam.values()} == {6.0}  # Adam stepped 8 - 2 times
+
+
+def test_non_finite_losses_in_a_row_stop_the_run_and_keep_the_last_good_checkpoint(
+    tmp_path: Path,
+    multi30k_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    poison(monkeypatch, set(range(6, 100)), "times")
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        *settings(multi30k_root, cache_dir, "trainer.max_steps=20", "checkpoint.every_steps=4"),
+        "max_nonfinite_steps=3", "checkpoint.keep_last=0", "hydra/job_logging=none", "hydra/hydra_logging=none",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        train_cli.main()
+    assert stopped.value.code == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert error.startswith("aiayn-train: error: training stopped at step 9: non-finite loss at 3 optimizer steps")
+    assert f"{last} is kept" in error
+    checkpoint = torch.load(last, weights_only=True)
+    # the validation at step 8 saved it, after steps 7 and 8 were skipped: the weights of step 6; none at the stop
+    assert checkpoint["global_step"] == 8
+    assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+class Overflow(pl.Callback):
+    """Makes one gradient infinite after the backward pass of the optimizer steps ``steps`` (the scaled
+    fp16 gradients overflowing), with a finite loss."""
+
+    def __init__(self, steps: set[int]) -> None:
+        self.steps = steps
+
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_step in self.steps:
+            next(p for p in pl_module.parameters() if p.grad is not None).grad.view(-1)[0] = math.inf
+
+
+def test_fp16_overflow_steps_are_skipped_by_the_scaler_and_counted(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    # Lightning turns precision=16-mixed into bf16 on the CPU; its fp16 plugin with a CPU scaler is the real thing.
+    plugin = "{_target_:pytorch_lightning.plugins.MixedPrecision,precision:16-mixed,device:cpu}"
+    overrides = settings(
+        multi30k_root, cache_dir, "trainer.max_steps=6", "trainer.precision=null", f"+trainer.plugins=[{plugin}]"
+    )
+    watch = WeightWatch()
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[Overflow({2, 3}), watch])
+    assert results["overflow_steps"] == 2 and results["skipped_steps"] == 0
+    assert watch.changed == {0: True, 1: True, 2: False, 3: False, 4: True, 5: True}
+    scaler = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["MixedPrecision"]
+    assert scaler["scale"] == 2.0**16 / 4  # halved at each overflow
