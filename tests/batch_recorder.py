@@ -7,6 +7,7 @@ what the sampler gave each DDP rank and where a resumed run continued.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ import pytorch_lightning as pl
 
 
 class BatchRecorder(pl.Callback):
-    """Appends ``{"rank", "step", "epoch", "index"}`` per training batch to ``<folder>/batches.rank<r>.jsonl``."""
+    """Appends ``{"rank", "step", "epoch", "index"}`` per training batch to ``<folder>/batches.rank<r>.jsonl``;
+    ``pause`` seconds after each batch give a test time to signal the process mid-run."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, pause: float = 0.0) -> None:
         self.folder = Path(folder)
+        self.pause = pause
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -29,6 +32,9 @@ class BatchRecorder(pl.Callback):
         }
         with open(self.folder / f"batches.rank{trainer.global_rank}.jsonl", "a") as out:
             out.write(json.dumps(record) + "\n")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        time.sleep(self.pause)
 
 
 def recorded(folder: Path, rank: int = 0) -> list[dict[str, Any]]:

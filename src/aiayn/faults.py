@@ -16,6 +16,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import Checkpoint
 
 from aiayn.callbacks import distributed
 from aiayn.errors import TrainingDiverged
@@ -113,10 +114,12 @@ class Preempted(Exception):
         )
 
 
-class Preemption(pl.Callback):
+class Preemption(Checkpoint):
     """On SIGTERM or SIGUSR1 (a scheduler's notice before it stops or requeues a job) the run finishes
     its current optimizer step, writes ``path`` (``last.ckpt``, from which a restarted run continues
-    with the next batch) and stops with :class:`Preempted`.
+    with the next batch) and stops with :class:`Preempted`. As a
+    :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other callbacks, whose state
+    (token counts, random generators) then includes the step.
 
     The handlers replace Lightning's (which would stop without a checkpoint, possibly in the middle of
     a gradient accumulation) while training runs, and are restored after it. A signal that reaches one
