@@ -6,6 +6,7 @@ way out, and ``resume=true`` finds the latest run of an experiment."""
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import random
@@ -50,6 +51,11 @@ def stderr(run_dir: Path) -> str:
     return (run_dir.parent / f"{run_dir.name}.stderr").read_text()
 
 
+def metric_rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as rows:
+        return list(csv.DictReader(rows))
+
+
 def wait_for_batches(run_dir: Path, process: subprocess.Popen, count: int) -> None:
     """Until the run has started its ``count``-th training batch."""
     deadline = time.monotonic() + 600
@@ -82,7 +88,8 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     wait_for_batches(run_dir, process, 6)
     process.send_signal(signum)
     assert process.wait(timeout=300) == 128 + signum  # as a shell reports a process a signal ended
-    done = len(recorded(run_dir))  # the step under way when the signal came was finished, then saved
+    # the step under way when the signal came was finished and saved; the next batch had been fetched
+    done = len(recorded(run_dir)) - 1
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert 6 <= done < STEPS and saved["global_step"] == done
     message = stderr(run_dir).strip().splitlines()[-1]
@@ -96,10 +103,16 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     again = finish(run_dir, overrides)  # the same command: a requeued job
     assert again["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt") and again["steps"] == STEPS
     records = recorded(run_dir)
+    del records[done]  # the batch fetched before the stop, which the restarted run began with
     assert [record["step"] for record in records] == list(range(STEPS))  # each step once
     assert [record["index"] for record in records] == [record["index"] for record in recorded(tmp_path / "whole")]
     assert again["train_tokens"] == whole["train_tokens"]
     assert_same_weights(weights(tmp_path / "whole"), weights(run_dir))
+    losses = [
+        [row["step"] for row in metric_rows(folder) if row.get("train/loss")]
+        for folder in (run_dir, tmp_path / "whole")
+    ]
+    assert losses[0] == losses[1] and len(losses[0]) == STEPS  # both parts' metrics: none were deleted
 
 
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_weights(

@@ -117,18 +117,20 @@ class Preempted(Exception):
 class Preemption(Checkpoint):
     """On SIGTERM or SIGUSR1 (a scheduler's notice before it stops or requeues a job) the run finishes
     its current optimizer step, writes ``path`` (``last.ckpt``, from which a restarted run continues
-    with the next batch) and stops with :class:`Preempted`. As a
-    :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other callbacks, whose state
-    (token counts, random generators) then includes the step.
+    with the next batch) and stops with :class:`Preempted`.
 
-    The handlers replace Lightning's (which would stop without a checkpoint, possibly in the middle of
-    a gradient accumulation) while training runs, and are restored after it. A signal that reaches one
-    DDP rank stops all of them at the same step.
+    The checkpoint is written at the end of the step; the run stops once Lightning has logged the
+    step's metrics, when the next batch or a validation would start (or training ends). As a
+    :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other callbacks, whose state
+    (token counts, random generators) then includes the step. The handlers replace Lightning's (which
+    would stop without a checkpoint, possibly in the middle of a gradient accumulation) while training
+    runs, and are restored after it. A signal that reaches one DDP rank stops all of them at one step.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.received: int | None = None
+        self.stop: Preempted | None = None
         self._previous: dict[int, Any] = {}
         self._step: int | None = None
 
@@ -145,22 +147,32 @@ class Preemption(Checkpoint):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer.global_step == self._step:
+        if trainer.global_step == self._step or self.stop is not None:
             return  # in the middle of a gradient accumulation: its batches are not in any checkpoint
         self._step = trainer.global_step
         flag = torch.tensor([float(self.received is not None)], device=pl_module.device)
-        if not any_rank(trainer, flag)[0]:
-            return
-        trainer.save_checkpoint(self.path)
-        raise Preempted(self.received or signal.SIGTERM, trainer.global_step, self.path)
+        if any_rank(trainer, flag)[0]:
+            trainer.save_checkpoint(self.path)
+            self.stop = Preempted(self.received or signal.SIGTERM, trainer.global_step, self.path)
+
+    def _stop_if_saved(self) -> None:
+        if self.stop is not None:
+            raise self.stop
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
+        self._stop_if_saved()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._stop_if_saved()
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._restore()
+        self._stop_if_saved()  # the signal came at the last step: no testing now, the restarted run tests
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._restore()

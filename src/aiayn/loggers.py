@@ -6,6 +6,7 @@ an account or a network records everything too; ``wandb sync`` uploads it later.
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import logging
 import netrc
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 import pytorch_lightning as pl
 from omegaconf import DictConfig
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
@@ -77,6 +79,28 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     if found:
         return "online", f"credentials from {found}"
     return "offline", "not logged in to W&B: no WANDB_API_KEY, no `wandb login`"
+
+
+class ContinuedMetricsWriter(ExperimentWriter):
+    """Lightning's CSV writer, but a run that continues in its folder (resumed, requeued) appends to
+    ``metrics.csv`` instead of deleting the rows of its earlier parts."""
+
+    def _check_log_dir_exists(self) -> None:
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as rows:
+                self.metrics_keys = next(csv.reader(rows), [])  # new keys make the writer rewrite the header
+
+
+class RunCSVLogger(CSVLogger):
+    """``<run_dir>/csv/metrics.csv`` with :class:`ContinuedMetricsWriter`."""
+
+    @property
+    @rank_zero_experiment
+    def experiment(self) -> ContinuedMetricsWriter:
+        if self._experiment is None:
+            os.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = ContinuedMetricsWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 class WandbRunLogger(WandbLogger):
@@ -216,7 +240,7 @@ def run_label(overrides: Sequence[str]) -> str:
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
     """The CSV logger (``<run_dir>/csv/metrics.csv``) and the loggers of the ``logger`` config group."""
-    loggers: list[Logger] = [CSVLogger(str(run_dir), name="csv", version="")]
+    loggers: list[Logger] = [RunCSVLogger(str(run_dir), name="csv", version="")]
     for key, spec in logger_cfg.items():
         extra: dict[str, Any] = {"save_dir": str(run_dir)}
         if key == "wandb":
