@@ -243,3 +243,24 @@ def test_resume_true_continues_the_latest_run_of_the_experiment(
     results = json.loads((first / "results.json").read_text())
     assert results["steps"] == 6 and results["resumed_from"] == str(first / "checkpoints" / "last.ckpt")
     assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, crashed.name])  # no new folder
+
+
+def test_a_signal_to_the_first_ddp_rank_stops_both_ranks_at_one_step(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    overrides = ["hardware=cpu_ddp", *settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}")]
+    run_dir = tmp_path / "run"
+    process = start(run_dir, overrides, pause=0.3)
+    wait_for_batches(run_dir, process, 5)
+    process.send_signal(signal.SIGTERM)  # to the launching process (rank 0) only, as `kill <pid>` would
+    assert process.wait(timeout=300) == 128 + signal.SIGTERM, stderr(run_dir)[-3000:]
+    done = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    # both ranks finished the same steps and had fetched one batch more
+    assert [len(recorded(run_dir, rank)) for rank in (0, 1)] == [done + 1, done + 1]
+
+    again = finish(run_dir, overrides)
+    assert again["steps"] == STEPS and again["resumed_from"].endswith("last.ckpt")
+    for rank in (0, 1):
+        records = recorded(run_dir, rank)
+        del records[done]
+        assert [record["step"] for record in records] == list(range(STEPS))

@@ -11,6 +11,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 
+from aiayn.cpus import available_cpus
 from aiayn.errors import ConfigError
 
 # Dense peak tensor-core TFLOP/s per device from the vendors' data sheets (no structured sparsity), by
@@ -47,13 +48,6 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
             tflops = peaks.get(arithmetic)
             return tflops * 1e12 if tflops is not None else None
     return None
-
-
-def available_cpus() -> int:
-    """The CPU cores this process may run on (its affinity mask: a SLURM or container limit)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def check_devices(accelerator: str, devices: Any) -> None:

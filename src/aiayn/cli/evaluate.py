@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.checkpoints import load_model
-from aiayn.cli.common import reported_as_usage_errors, required_checkpoint, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.config import config_dir
 from aiayn.data.corpus import read_parallel
 from aiayn.scoring import corpus_scores
@@ -43,8 +43,14 @@ def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
     return run / "eval"
 
 
+def main() -> None:
+    """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    with reported_hydra_errors("aiayn-eval"):
+        run()
+
+
 @hydra.main(config_path=config_dir(), config_name="eval", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-eval"):
         checkpoint = required_checkpoint(cfg.checkpoint)
         if cfg.tokenized_bleu not in ("auto", True, False):

@@ -9,6 +9,7 @@ import hydra
 from omegaconf import DictConfig
 from torch import nn
 
+from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
 from aiayn.config import config_dir, model_config
 from aiayn.model import Transformer, TransformerConfig, training_flops_per_token
 
@@ -47,9 +48,16 @@ def summarize(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def main() -> None:
+    """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    with reported_hydra_errors("aiayn-summary"):
+        run()
+
+
 @hydra.main(config_path=config_dir(), config_name="summary", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    summary = summarize(cfg)
+def run(cfg: DictConfig) -> None:
+    with reported_as_usage_errors("aiayn-summary"):
+        summary = summarize(cfg)
     print(f"parameters: {summary['params']:,}")
     for name, count in summary["params_by_component"].items():
         print(f"  {name:<12} {count:>14,}")

@@ -8,13 +8,19 @@ from contextlib import ExitStack
 import hydra
 from omegaconf import DictConfig
 
-from aiayn.cli.common import reported_as_usage_errors, required_checkpoint, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.config import config_dir
 from aiayn.translator import Translator
 
 
+def main() -> None:
+    """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    with reported_hydra_errors("aiayn-translate"):
+        run()
+
+
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-translate"), ExitStack() as files:
         if cfg.buffer_lines < 1:
             raise ValueError(f"buffer_lines={cfg.buffer_lines} must be >= 1")
