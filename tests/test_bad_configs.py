@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import train as train_cli
+from aiayn.cpus import available_cpus
 
 
 def base(root: Path, cache: Path) -> list[str]:
@@ -35,7 +36,7 @@ BAD_CONFIGS = [
     (["data.max_len=0"], "data.max_len", "0"),
     (["data.eval_max_tokens=-1"], "data.eval_max_tokens", "-1"),
     (["model.positional=learned", "model.max_positions=64"], "data.max_len", "256"),
-    (["trainer.devices=64"], "trainer.devices", "64"),  # more processes than CPU cores
+    (["trainer.devices={too_many}"], "trainer.devices", "{too_many}"),  # more processes than CPU cores
     (["trainer.devices=0"], "trainer.devices", "0"),
     (["data.root={tmp}/no-such-folder"], "data.root", "no-such-folder"),
     (["data.tgt_lang=en"], "data.tgt_lang", "en"),  # source and target are both English
@@ -52,6 +53,13 @@ BAD_CONFIGS = [
     (["tokens_per_step=10"], "tokens_per_step", "10"),
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
     (["trainer.max_steps=0"], "trainer.max_steps", "0"),
+    (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches", "0"),
+    (["trainer.val_check_interval=0"], "trainer.val_check_interval", "0"),
+    (["trainer.gradient_clip_val=-1"], "trainer.gradient_clip_val", "-1"),
+    (["+trainer.max_step=10"], "trainer.max_step", "10"),
+    (["data.num_workers=-1"], "data.num_workers", "-1"),
+    (["data.tokenizer_sample=abc"], "data.tokenizer_sample", "abc"),
+    (["+data.foo=1"], "data.foo", "1"),
     (["progress=loud"], "progress", "loud"),
     (["seed=abc"], "seed", "abc"),
     (["max_nonfinite_steps=0"], "max_nonfinite_steps", "0"),
@@ -79,7 +87,8 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     capsys: pytest.CaptureFixture,
 ) -> None:
     monkeypatch.chdir(tmp_path)  # run folders go to ./outputs
-    overrides = [override.format(tmp=tmp_path) for override in overrides]
+    names = {"tmp": tmp_path, "too_many": available_cpus() + 1}
+    overrides, value = [override.format(**names) for override in overrides], value.format(**names)
     # Hydra's logging setup off: in process it would keep handlers on pytest's captured streams.
     argv = [*base(multi30k_root, cache_dir), *overrides, "hydra/job_logging=none", "hydra/hydra_logging=none"]
     monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])

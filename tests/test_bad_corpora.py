@@ -34,8 +34,9 @@ def corpus(folder: Path, files: dict[str, bytes | None]) -> dict[str, list[str]]
 
 
 def prepared(folder: Path, files: dict[str, bytes | None], **options: object) -> TextDataModule:
+    options = {"vocab_size": 40, **options}
     dm = TextDataModule(
-        src_lang="en", tgt_lang="de", cache_dir=str(folder / "cache"), vocab_size=40, **corpus(folder, files), **options
+        src_lang="en", tgt_lang="de", cache_dir=str(folder / "cache"), **corpus(folder, files), **options
     )
     dm.prepare_data()
     dm.setup()
@@ -58,6 +59,8 @@ BAD_CORPORA = [
     ({"train.en.gz": gzip.compress(lines(*GOOD))[:30]}, {}, DataError, r"train\.en\.gz: cannot be read"),
     # every training pair is longer than data.max_len: nothing would be left to train on
     ({"train.en": lines(*[b"word " * 60] * 20)}, {"max_len": 32}, DataError, r"train\.en: no training pair left"),
+    # a vocabulary with fewer pieces than the corpus has characters
+    ({}, {"vocab_size": 12}, ConfigError, r"data\.vocab_size=12 does not suit this corpus: .*than required_chars"),
     # evaluation splits are used whole: a sentence that cannot fit a batch is named before training
     ({"val.de": lines(*GOOD[:3], b"word " * 80, *GOOD[4:])}, {"eval_max_tokens": 64}, DataError,
      r"val\.de:4: this val sentence is \d+ tokens long, more than data\.eval_max_tokens=64"),

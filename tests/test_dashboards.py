@@ -15,14 +15,21 @@ import pytorch_lightning as pl
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from pytorch_lightning.loggers import CSVLogger
 from tensorboardX.proto import event_pb2
 
 from aiayn.config import compose_run_config
 from aiayn.dashboard import ascii_label, attention_image
 from aiayn.data.corpus import read_lines
 from aiayn.hardware import peak_flops
-from aiayn.loggers import RunIdentity, TensorBoardRunLogger, WandbRunLogger, build_loggers, run_identity, wandb_mode
+from aiayn.loggers import (
+    RunCSVLogger,
+    RunIdentity,
+    TensorBoardRunLogger,
+    WandbRunLogger,
+    build_loggers,
+    run_identity,
+    wandb_mode,
+)
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
 from aiayn.train import progress_style, train
 from wandb_records import offline_runs
@@ -232,7 +239,7 @@ def test_every_logger_option_writes_csv_too(
 ) -> None:
     cfg = compose_run_config([f"logger={option}"])
     loggers = build_loggers(cfg.logger, tmp_path, RunIdentity("run", "group"))
-    assert [type(logger) for logger in loggers] == [CSVLogger, *([dashboard] if dashboard else [])]
+    assert [type(logger) for logger in loggers] == [RunCSVLogger, *([dashboard] if dashboard else [])]
     if option == "wandb":
         assert loggers[1]._wandb_init["name"] == "run" and loggers[1]._wandb_init["group"] == "group"
 

@@ -189,11 +189,11 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
     sweep = write_sweep(tmp_path / "tiny.yaml", TINY_SWEEP.format(root=multi30k_root, cache=cache_dir))
     first = run_sweep_cli([str(sweep)], tmp_path)
     assert first.returncode == 1, first.stderr  # one trial failed: said in the exit status ...
-    assert "2 of 3 trials finished" in first.stdout and "trial-0002 (exit code 1" in first.stderr
+    assert "2 of 3 trials finished" in first.stdout and "trial-0002 (exit code 2" in first.stderr
     folder = tmp_path / "outputs" / "sweeps" / "tiny"
     state = json.loads((folder / "sweep.json").read_text())
     assert [t["state"] for t in state["trials"]] == ["finished", "failed", "finished"]  # ... and the rest ran
-    assert "model.positional='broken' must be one of" in (folder / "logs" / "trial-0002.log").read_text()
+    assert "model.positional=broken must be one of" in (folder / "logs" / "trial-0002.log").read_text()
     finished = {
         folder / t["run_dir"]: (folder / t["run_dir"] / "results.json").stat().st_mtime_ns for t in state["trials"][::2]
     }

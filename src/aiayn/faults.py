@@ -18,11 +18,13 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Checkpoint
 
-from aiayn.callbacks import distributed
+from aiayn.callbacks import distributed, metrics_flushed_at
 from aiayn.errors import TrainingDiverged
 
 log = logging.getLogger(__name__)
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # SLURM's preemption and its --signal warning
+PREEMPTION_SIGNALS = (signal.SIGTERM,)  # a scheduler stopping the job (SLURM's preemption, its time limit)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # advance notices: sbatch --signal=USR1@120, submitit's USR2
+MIN_LOSS_SCALE = 1e-4  # fp16: a scaler this low means gradients overflow at any scale (fairseq's floor too)
 
 
 def any_rank(trainer: pl.Trainer, flags: torch.Tensor) -> list[bool]:
@@ -40,8 +42,11 @@ class NonFiniteGuard(pl.Callback):
     A skipped step changes no weight and no Adam moment (its gradients are dropped), so the weights and
     every checkpoint stay finite; the step still counts (the schedule moves on). Under fp16 mixed
     precision, gradients that overflow with a finite loss are the gradient scaler's to handle: it skips
-    the step and lowers its scale; those steps are counted as ``overflows``, not as faults. The check
-    costs one pass over the gradients and one host synchronisation per optimizer step.
+    the step and halves its scale; those steps are counted as ``overflows``, not as faults, unless the
+    scale falls below :data:`MIN_LOSS_SCALE` (the gradients overflow whatever the scale: the run stops).
+
+    The guard computes the global gradient norm of every step (one pass over the gradients, one host
+    synchronisation) and logs it as ``train/grad_norm`` at the steps whose metrics reach the loggers.
     """
 
     def __init__(self, limit: int, last_checkpoint: Path) -> None:
@@ -58,16 +63,22 @@ class NonFiniteGuard(pl.Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
+        # The (unscaled) gradients before any clipping; under DDP already averaged over the ranks.
         grads = [p.grad for p in pl_module.parameters() if p.grad is not None]
-        grad_bad = ~torch.isfinite(torch.nn.utils.get_total_norm(grads)) if grads else torch.tensor(False)
-        loss_bad = self._loss_bad if self._loss_bad is not None else torch.tensor(False)
+        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=pl_module.device)
+        loss_bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self._loss_bad = None
-        flags = torch.stack([loss_bad.to(pl_module.device), grad_bad.to(pl_module.device)]).float()
-        loss_bad, grad_bad = any_rank(trainer, flags)
-        scaled = getattr(trainer.precision_plugin, "scaler", None) is not None
+        flags = torch.stack([loss_bad.to(norm.device), ~torch.isfinite(norm)]).float()
+        loss_bad, grad_bad = any_rank(trainer, flags)  # the losses differ by rank; the gradients do not
         step = trainer.global_step + 1
-        if grad_bad and not loss_bad and scaled:
-            self.overflows += 1  # the scaler finds the infinities itself and skips this step
+        if metrics_flushed_at(trainer, step):
+            pl_module.log("train/grad_norm", norm, batch_size=1)
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if grad_bad and not loss_bad and scaler is not None:
+            self.overflows += 1  # the scaler finds the infinities itself, skips this step and halves its scale
+            scale = scaler.get_scale()
+            if scale / 2 < MIN_LOSS_SCALE:
+                raise TrainingDiverged(self._diverged(step, f"fp16 gradients at a loss scale of {scale:g}"))
         elif loss_bad or grad_bad:
             for parameter in pl_module.parameters():
                 parameter.grad = None  # Adam steps only parameters that have gradients: none
@@ -76,11 +87,11 @@ class NonFiniteGuard(pl.Callback):
             what = "loss" if loss_bad else "gradients"
             log.warning("step %d: non-finite %s; the update was skipped (%d in a row)", step, what, self.in_a_row)
             if self.in_a_row >= self.limit:
-                raise TrainingDiverged(self._diverged(step, what))
+                raise TrainingDiverged(self._diverged(step, f"{what} at {self.in_a_row} optimizer steps in a row"))
         else:
             self.in_a_row = 0
         pl_module.log("train/skipped_steps", float(self.skipped), batch_size=1)
-        if scaled:
+        if scaler is not None:
             pl_module.log("train/overflow_steps", float(self.overflows), batch_size=1)
 
     def _diverged(self, step: int, what: str) -> str:
@@ -90,9 +101,9 @@ class NonFiniteGuard(pl.Callback):
             else "no checkpoint had been written yet"
         )
         return (
-            f"training stopped at step {step}: non-finite {what} at {self.in_a_row} optimizer steps in a row "
-            f"(max_nonfinite_steps={self.limit}); {kept}. Lower optim.lr_scale, raise optim.warmup, set "
-            "trainer.gradient_clip_val, or train in bf16-mixed or 32-true instead of 16-mixed"
+            f"training stopped at step {step}: non-finite {what} (max_nonfinite_steps={self.limit}); {kept}. "
+            "Lower optim.lr_scale, raise optim.warmup, set trainer.gradient_clip_val, or train in bf16-mixed "
+            "or 32-true instead of 16-mixed"
         )
 
     def state_dict(self) -> dict[str, Any]:
@@ -115,34 +126,45 @@ class Preempted(Exception):
 
 
 class Preemption(Checkpoint):
-    """On SIGTERM or SIGUSR1 (a scheduler's notice before it stops or requeues a job) the run finishes
-    its current optimizer step, writes ``path`` (``last.ckpt``, from which a restarted run continues
-    with the next batch) and stops with :class:`Preempted`.
+    """On SIGTERM, SIGUSR1 or SIGUSR2 (a scheduler's notice before it stops or requeues a job) the run
+    finishes its current optimizer step, writes ``path`` (``last.ckpt``, from which a restarted run
+    continues with the next batch) and stops with :class:`Preempted`.
 
-    The checkpoint is written at the end of the step; the run stops once Lightning has logged the
-    step's metrics, when the next batch or a validation would start (or training ends). As a
-    :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other callbacks, whose state
-    (token counts, random generators) then includes the step. The handlers replace Lightning's (which
-    would stop without a checkpoint, possibly in the middle of a gradient accumulation) while training
-    runs, and are restored after it. A signal that reaches one DDP rank stops all of them at one step.
+    A signal that comes during a validation is acted on at its end, where the validation's own
+    ``last.ckpt`` is the checkpoint; a step due for validation validates before the run stops, so the
+    restarted run repeats nothing and leaves nothing out. The run stops once Lightning has logged the
+    step's metrics, when the next batch would start (or training ends).
+
+    SIGUSR1 and SIGUSR2 then go on to the handlers they had before training (Lightning's SLURM requeue,
+    submitit's checkpoint-and-requeue); SIGTERM's (Lightning's would stop without a checkpoint) does
+    not run. As a :class:`~pytorch_lightning.callbacks.Checkpoint` this callback runs after the others,
+    whose state (token counts, random generators) then includes the step. A signal that reaches one DDP
+    rank stops all of them at the same step.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.received: int | None = None
+        self.received = 0  # the signal's number; set by the handler, which does nothing else
         self.stop: Preempted | None = None
         self._previous: dict[int, Any] = {}
         self._step: int | None = None
 
     def _notice(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
-        log.warning("%s received: saving a checkpoint after this optimizer step", signal.Signals(signum).name)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._step = trainer.global_step
         if threading.current_thread() is threading.main_thread():  # Python handles signals there only
-            for signum in PREEMPTION_SIGNALS:
+            for signum in (*PREEMPTION_SIGNALS, *REQUEUE_SIGNALS):
                 self._previous[signum] = signal.signal(signum, self._notice)
+
+    def _agreed_signal(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        """The signal any rank received (every rank calls this at the same point), or 0."""
+        if trainer.world_size > 1 and distributed():
+            received = torch.tensor([float(self.received)], device=pl_module.device)
+            torch.distributed.all_reduce(received, op=torch.distributed.ReduceOp.MAX)
+            return int(received.item())
+        return self.received
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -150,24 +172,33 @@ class Preemption(Checkpoint):
         if trainer.global_step == self._step or self.stop is not None:
             return  # in the middle of a gradient accumulation: its batches are not in any checkpoint
         self._step = trainer.global_step
-        flag = torch.tensor([float(self.received is not None)], device=pl_module.device)
-        if any_rank(trainer, flag)[0]:
+        signum = self._agreed_signal(trainer, pl_module)
+        if signum:
             trainer.save_checkpoint(self.path)
-            self.stop = Preempted(self.received or signal.SIGTERM, trainer.global_step, self.path)
+            self._stopped(signum, trainer.global_step)
 
-    def _stop_if_saved(self) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self.stop is not None:
+            return
+        signum = self._agreed_signal(trainer, pl_module)
+        if signum:  # the validation's own checkpoints, last.ckpt among them, were just written
+            self._stopped(signum, trainer.global_step)
+
+    def _stopped(self, signum: int, step: int) -> None:
+        log.warning("%s received: saved %s after step %d", signal.Signals(signum).name, self.path, step)
+        self.stop = Preempted(signum, step, self.path)
+        previous = self._previous.get(signum)
+        if signum in REQUEUE_SIGNALS and callable(previous):
+            previous(signum, None)  # may requeue the job and exit
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
         if self.stop is not None:
             raise self.stop
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, idx: int) -> None:
-        self._stop_if_saved()
-
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._stop_if_saved()
-
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore()
-        self._stop_if_saved()  # the signal came at the last step: no testing now, the restarted run tests
+        if self.stop is not None:
+            raise self.stop  # the signal came at the last step: the restarted run evaluates
 
     def _restore(self) -> None:
         for signum, handler in self._previous.items():

@@ -72,7 +72,7 @@ def check_devices(accelerator: str, devices: Any) -> None:
             raise ConfigError("trainer.devices", devices, f"is more than the {present} {what} here")
         return
     try:  # a list of device indices, or Lightning's "0,1"
-        indices = [int(i) for i in (devices.split(",") if isinstance(devices, str) else devices)]
+        indices = [int(i) for i in (devices.split(",") if isinstance(devices, str) else devices) if str(i).strip()]
     except (TypeError, ValueError):
         raise ConfigError(
             "trainer.devices", devices, "must be a number of devices, a list of indices, -1 or auto"

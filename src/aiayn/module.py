@@ -11,7 +11,7 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.callbacks import gathered_from_ranks, metrics_flushed_at
+from aiayn.callbacks import gathered_from_ranks
 from aiayn.errors import ConfigError
 from aiayn.loss import label_smoothed_cross_entropy
 from aiayn.model import Transformer, TransformerConfig, translate_ids
@@ -90,14 +90,6 @@ class TranslationModule(pl.LightningModule):
         self.log("train/loss", loss, batch_size=n_tokens, prog_bar=True)
         self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=n_tokens)
         return loss
-
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        # The global L2 norm of the (unscaled) gradients, before any clipping: spikes warn of divergence.
-        # Computed only for the steps whose metrics reach the loggers: it reads every gradient.
-        if not metrics_flushed_at(self.trainer, self.trainer.global_step + 1):
-            return
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.log("train/grad_norm", torch.nn.utils.get_total_norm(grads), batch_size=1)
 
     def setup(self, stage: str) -> None:
         # Learned positions are a table of max_positions rows (Table 3 row E) and evaluation sentences are

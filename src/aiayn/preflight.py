@@ -14,6 +14,8 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pytorch_lightning as pl
+from hydra.utils import get_class
 from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
@@ -23,7 +25,7 @@ from aiayn.errors import ConfigError
 from aiayn.hardware import check_devices
 from aiayn.model import TransformerConfig
 from aiayn.model.decoding import check_decoding
-from aiayn.module import check_optimization
+from aiayn.module import check_optimization, is_number
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
@@ -41,7 +43,10 @@ def check_run_config(cfg: DictConfig) -> None:
         raise ConfigError("seed", cfg.seed, "must be a whole number")
     if not whole(cfg.max_nonfinite_steps, 1):
         raise ConfigError("max_nonfinite_steps", cfg.max_nonfinite_steps, "must be a whole number of steps >= 1")
+    check_known("trainer", cfg.trainer, *parameters(pl.Trainer))
     check_trainer(cfg.trainer)
+    check_known("data", cfg.data, *parameters(get_class(cfg.data._target_)))
+    check_data(cfg.data)
     check_lengths(cfg.data, cfg.model)
     check_checkpointing(cfg.checkpoint)
     if cfg.resume is not None and not isinstance(cfg.resume, bool | str):
@@ -49,13 +54,29 @@ def check_run_config(cfg: DictConfig) -> None:
 
 
 def called_with(section: str, function: Callable[..., Any], settings: Mapping[str, Any]) -> None:
-    """``function(**settings)``, where a key that ``function`` does not take is a setting of ``section``
-    that does not exist (``+optim.warmpu=10``)."""
-    known = inspect.signature(function).parameters
-    for key, value in settings.items():
-        if key not in known:
-            raise ConfigError(f"{section}.{key}", value, f"is not a setting of {section}; those are {', '.join(known)}")
+    """``function(**settings)``, after :func:`check_known`."""
+    check_known(section, settings, *inspect.signature(function).parameters)
     function(**settings)
+
+
+def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:
+    """A key of ``settings`` not in ``known`` is a setting of ``section`` that does not exist (``+optim.warmpu=10``)."""
+    for key, value in settings.items():
+        if key not in known and key != "_target_":
+            raise ConfigError(f"{section}.{key}", value, f"is not a setting of {section}; those are {', '.join(known)}")
+
+
+def parameters(target: Callable[..., Any]) -> list[str]:
+    """The keyword arguments ``target`` takes; through ``**options``, its base classes' too."""
+    names, classes = [], target.__mro__ if isinstance(target, type) else ()
+    for owner in classes or (target,):
+        if owner is object:
+            break
+        signature = inspect.signature(owner)
+        names += [name for name, p in signature.parameters.items() if p.kind != p.VAR_KEYWORD and name not in names]
+        if all(p.kind != p.VAR_KEYWORD for p in signature.parameters.values()):
+            break
+    return names
 
 
 def check_resolvable(cfg: DictConfig) -> None:
@@ -82,6 +103,35 @@ def check_trainer(trainer: DictConfig) -> None:
         value = trainer.get(key, -1)
         if value is not None and value != -1 and not whole(value, 1):
             raise ConfigError(f"trainer.{key}", value, "must be a whole number >= 1, or -1 for no limit")
+    for key, minimum in (("accumulate_grad_batches", 1), ("num_nodes", 1), ("log_every_n_steps", 0)):
+        if key in trainer and not whole(trainer[key], minimum):
+            raise ConfigError(f"trainer.{key}", trainer[key], f"must be a whole number >= {minimum}")
+    if trainer.get("check_val_every_n_epoch") is not None and not whole(trainer.check_val_every_n_epoch, 1):
+        raise ConfigError("trainer.check_val_every_n_epoch", trainer.check_val_every_n_epoch, "must be >= 1 or null")
+    interval = trainer.get("val_check_interval")
+    if interval is not None and not (whole(interval, 1) or (isinstance(interval, float) and 0 < interval <= 1)):
+        allowed = "must be a fraction of an epoch in (0, 1] or a whole number of batches >= 1"
+        raise ConfigError("trainer.val_check_interval", interval, allowed)
+    clip = trainer.get("gradient_clip_val")
+    if clip is not None and not (is_number(clip) and clip >= 0):
+        raise ConfigError("trainer.gradient_clip_val", clip, "must be a number >= 0 (a norm to clip to) or null")
+
+
+def check_data(data: DictConfig) -> None:
+    """The data module's counts and limits; its sources, languages and splits it checks itself."""
+    for key, minimum, null in (
+        ("tokenizer_sample", 1, False),
+        ("num_workers", 0, False),
+        ("encode_workers", 1, True),
+        ("train_limit", 1, True),
+        ("eval_limit", 1, True),
+    ):
+        value = data.get(key)
+        if not (null and value is None) and not whole(value, minimum):
+            raise ConfigError(f"data.{key}", value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
+    ratio = data.get("max_len_ratio")
+    if ratio is not None and not (is_number(ratio) and ratio >= 1):
+        raise ConfigError("data.max_len_ratio", ratio, "must be a number >= 1 (or null: no ratio filter)")
 
 
 def check_lengths(data: DictConfig, model: DictConfig) -> None:

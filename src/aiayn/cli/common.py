@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,6 +12,8 @@ from pathlib import Path
 
 import torch
 from hydra.errors import CompactHydraException
+from pytorch_lightning.utilities.exceptions import SIGTERMException
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
 from aiayn.faults import Preempted
@@ -63,31 +66,37 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
 
 
 @contextmanager
-def reported_run_errors(program: str, run_dir: Path) -> Iterator[None]:
+def reported_run_errors(program: str, run_dir: Path, created: bool) -> Iterator[None]:
     """Around a training run (inside the Hydra app): one line on stderr, no traceback, for
 
     - :data:`RUN_INPUT_ERRORS`: exit status 2, fix the input and run again; ``run_dir`` is removed when
-      it holds nothing but Hydra's files (the run never started);
+      this command ``created`` it and it holds nothing but Hydra's files (the run never started);
     - :class:`~aiayn.errors.TrainingDiverged`: status 1;
     - :class:`~aiayn.faults.Preempted` (a checkpoint was saved at a signal): 128 + the signal's number,
-      as a shell reports a process that a signal ended.
+      as a shell reports a process that a signal ended; Lightning's stop at SIGTERM after training
+      (while testing) likewise.
     """
     try:
         yield
     except RUN_INPUT_ERRORS as error:
-        if run_dir.is_dir() and all(path.name == ".hydra" or path.suffix == ".log" for path in run_dir.iterdir()):
+        if created and all(path.name == ".hydra" or path.suffix == ".log" for path in run_dir.iterdir()):
             shutil.rmtree(run_dir, ignore_errors=True)
         fail(program, error, 2)
     except TrainingDiverged as error:
         fail(program, error, 1)
     except Preempted as error:
-        fail(program, error, 128 + error.signum)
+        fail(program, error, 128 + error.signum, "stopped")
+    except SIGTERMException:
+        message = f"SIGTERM received after training; run the same command again to evaluate {run_dir}"
+        fail(program, message, 128 + signal.SIGTERM, "stopped")
 
 
-def fail(program: str, error: BaseException, status: int) -> None:
-    """``<program>: error: <the error's message in one line>`` on stderr, and exit with ``status``."""
-    message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-    print(f"{program}: {'stopped' if isinstance(error, Preempted) else 'error'}: {message}", file=sys.stderr)
+def fail(program: str, error: BaseException | str, status: int, what: str = "error") -> None:
+    """``<program>: <what>: <the error's message in one line>`` on stderr (once, by DDP rank 0), and exit
+    with ``status``."""
+    if rank_zero_only.rank == 0:
+        message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        print(f"{program}: {what}: {message}", file=sys.stderr)
     sys.exit(status)
 
 

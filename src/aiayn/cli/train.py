@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from pytorch_lightning.utilities import rank_zero_only
 
 from aiayn.allocator import retain_freed_memory
 from aiayn.cli.common import reported_hydra_errors, reported_run_errors
-from aiayn.config import config_dir
+from aiayn.config import RUN_DIR_ENV, config_dir
 from aiayn.train import train
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,9 @@ def run(cfg: DictConfig) -> None:
         )
         raise SystemExit(2)
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    with reported_run_errors("aiayn-train", run_dir):
+    # A folder named by the user (hydra.run.dir=..., a sweep's trial folder) is never removed on errors.
+    named = any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra) or bool(os.environ.get(RUN_DIR_ENV))
+    with reported_run_errors("aiayn-train", run_dir, created=not named):
         results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))

@@ -10,6 +10,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from aiayn.cpus import available_cpus
+from aiayn.errors import ConfigError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -52,20 +53,24 @@ class Tokenizer:
         model_file.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
             prefix = os.path.join(tmp, "spm")
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(lines),
-                model_prefix=prefix,
-                model_type="bpe",
-                vocab_size=vocab_size,
-                character_coverage=1.0,
-                # identity keeps the text as written, so decoding gives back the reference's characters
-                normalization_rule_name="identity",
-                pad_id=PAD_ID,
-                unk_id=UNK_ID,
-                bos_id=BOS_ID,
-                eos_id=EOS_ID,
-                num_threads=available_cpus(),
-                minloglevel=2,
-            )
+            try:
+                spm.SentencePieceTrainer.train(
+                    sentence_iterator=iter(lines),
+                    model_prefix=prefix,
+                    model_type="bpe",
+                    vocab_size=vocab_size,
+                    character_coverage=1.0,
+                    # identity keeps the text as written, so decoding gives back the reference's characters
+                    normalization_rule_name="identity",
+                    pad_id=PAD_ID,
+                    unk_id=UNK_ID,
+                    bos_id=BOS_ID,
+                    eos_id=EOS_ID,
+                    num_threads=available_cpus(),
+                    minloglevel=2,
+                )
+            except RuntimeError as error:  # the corpus cannot have this many pieces, or needs more
+                reason = ". ".join(str(error).split("] ", 1)[-1].split(". ")[:2]).rstrip(".")
+                raise ConfigError("data.vocab_size", vocab_size, f"does not suit this corpus: {reason}") from None
             os.replace(prefix + ".model", model_file)
         return cls(model_file)
