@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from aiayn.checkpoints import save_checkpoint
 from aiayn.cli import train as train_cli
+from aiayn.cli.common import reported_run_errors
 from batch_recorder import recorded
 from test_resume import settings
 
@@ -80,7 +82,8 @@ def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, tor
 def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     signum: signal.Signals, tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
-    overrides = settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}")
+    # validations every 3 steps: the signal usually lands at step 6, which validates before the run stops
+    overrides = settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
     whole = finish(tmp_path / "whole", overrides)
 
     run_dir = tmp_path / "run"
@@ -108,11 +111,12 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     assert [record["index"] for record in records] == [record["index"] for record in recorded(tmp_path / "whole")]
     assert again["train_tokens"] == whole["train_tokens"]
     assert_same_weights(weights(tmp_path / "whole"), weights(run_dir))
-    losses = [
-        [row["step"] for row in metric_rows(folder) if row.get("train/loss")]
-        for folder in (run_dir, tmp_path / "whole")
-    ]
-    assert losses[0] == losses[1] and len(losses[0]) == STEPS  # both parts' metrics: none were deleted
+    for key in ("train/loss", "val/bleu"):  # both parts' metrics, none deleted; every validation, once
+        logged = [[row["step"] for row in metric_rows(d) if row.get(key)] for d in (run_dir, tmp_path / "whole")]
+        assert logged[0] == logged[1] and logged[0], key
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt")) == sorted(
+        p.name for p in (tmp_path / "whole" / "checkpoints").glob("step*.ckpt")
+    )
 
 
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_weights(
@@ -264,3 +268,12 @@ def test_a_signal_to_the_first_ddp_rank_stops_both_ranks_at_one_step(
         records = recorded(run_dir, rank)
         del records[done]
         assert [record["step"] for record in records] == list(range(STEPS))
+
+
+def test_sigterm_while_testing_exits_with_143(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """After training, Lightning's own handler stops evaluation at SIGTERM; that is a stop, not a success."""
+    with pytest.raises(SystemExit) as stopped, reported_run_errors("aiayn-train", tmp_path, created=False):
+        raise SIGTERMException
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.startswith("aiayn-train: stopped: SIGTERM received after training")
+    assert tmp_path.is_dir()

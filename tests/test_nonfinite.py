@@ -131,3 +131,15 @@ def test_fp16_overflow_steps_are_skipped_by_the_scaler_and_counted(
     assert watch.changed == {0: True, 1: True, 2: False, 3: False, 4: True, 5: True}
     scaler = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["MixedPrecision"]
     assert scaler["scale"] == 2.0**16 / 4  # halved at each overflow
+
+
+def test_a_non_finite_micro_batch_skips_its_whole_accumulated_step(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    poison(monkeypatch, {2}, "plus")  # both micro-batches of step 2: the step is skipped once, not twice
+    extra = ("trainer.max_steps=5", "trainer.accumulate_grad_batches=2", "trainer.gradient_clip_val=1.0")
+    overrides = settings(multi30k_root, cache_dir, *extra)
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides)
+    assert results["skipped_steps"] == 1 and results["steps"] == 5
+    adam = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
+    assert {float(state["step"]) for state in adam.values()} == {4.0}

@@ -125,4 +125,6 @@ def latest_run(runs: Path) -> Path | None:
 
 # conf/train.yaml names these; registered on import, before any entry point composes its config.
 OmegaConf.register_new_resolver("aiayn.sweep_dir", sweep_dir, replace=True)
-OmegaConf.register_new_resolver("aiayn.run_dir", run_dir, replace=True)
+# Cached: the folder is chosen once per run; Lightning reads it again when it starts the DDP ranks, and
+# resume=true must not then pick another run's folder.
+OmegaConf.register_new_resolver("aiayn.run_dir", run_dir, replace=True, use_cache=True)

@@ -17,6 +17,7 @@ from pytorch_lightning.utilities import rank_zero_only
 from aiayn.allocator import retain_freed_memory
 from aiayn.cli.common import reported_hydra_errors, reported_run_errors
 from aiayn.config import RUN_DIR_ENV, config_dir
+from aiayn.errors import ConfigError
 from aiayn.train import train
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ def run(cfg: DictConfig) -> None:
     # A folder named by the user (hydra.run.dir=..., a sweep's trial folder) is never removed on errors.
     named = any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra) or bool(os.environ.get(RUN_DIR_ENV))
     with reported_run_errors("aiayn-train", run_dir, created=not named):
+        if hydra_cfg.mode == RunMode.MULTIRUN and cfg.resume is True and not cfg.sweep_dir:
+            allowed = "continues one run: drop -m (a multirun's jobs continue in their folders when it runs again "
+            raise ConfigError("resume", True, allowed + "with the same hydra.sweep.dir)")
         results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
