@@ -138,7 +138,7 @@ class FinalCheckpoint(Checkpoint):
     ) -> None:
         done = 0 < trainer.max_steps <= trainer.global_step
         if (done or trainer.should_stop) and self.saved_step != trainer.global_step:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)  # the whole training state
             self.saved_step = trainer.global_step
 
 

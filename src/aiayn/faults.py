@@ -174,7 +174,7 @@ class Preemption(Checkpoint):
         self._step = trainer.global_step
         signum = self._agreed_signal(trainer, pl_module)
         if signum:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.path, weights_only=False)
             self._stopped(signum, trainer.global_step)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -172,7 +172,7 @@ def fit_and_test(
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
     last = final.path
     if final.saved_step != trainer.global_step:  # stopped otherwise (an epoch limit, nothing left to do)
-        trainer.save_checkpoint(last)
+        trainer.save_checkpoint(last, weights_only=False)
 
     best = checkpoint.best_model_path or str(last)
     val = trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)[0]
