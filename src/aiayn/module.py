@@ -98,7 +98,7 @@ class TranslationModule(pl.LightningModule):
         if self.model.cfg.positional == "learned" and datamodule is not None:
             for role in ("val", "test"):
                 if role in datamodule.datasets:
-                    datamodule.check_lengths(role, self.model.cfg.max_positions, "model.max_positions")
+                    datamodule.check_longest(role, self.model.cfg.max_positions, "model.max_positions")
 
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:

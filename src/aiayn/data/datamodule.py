@@ -169,7 +169,7 @@ class TranslationDataModule(pl.LightningDataModule):
             self.datasets[role] = ParallelDataset(src, tgt, indices)
             if role != "train":  # evaluation splits are used whole: check them now, not at the first validation
                 self._report_empty(role)
-                self.check_lengths(role, self.eval_max_tokens, "data.eval_max_tokens")
+                self.check_longest(role, self.eval_max_tokens, "data.eval_max_tokens")
 
     def _filter_training_pairs(self, src: EncodedText, tgt: EncodedText, indices: np.ndarray) -> np.ndarray:
         """Drop empty, over-long and length-mismatched training pairs; count each reason."""
@@ -205,7 +205,7 @@ class TranslationDataModule(pl.LightningDataModule):
             raise DataError(f"{where}: no training pair left after filtering; check the data and data.max_len")
         return indices[keep]
 
-    def check_lengths(self, role: str, limit: int, key: str) -> None:
+    def check_longest(self, role: str, limit: int, key: str) -> None:
         """Every pair of ``role`` is at most ``limit`` tokens long (source + EOS, BOS + target), else a
         :class:`DataError` that names the file and line of the longest and the setting ``key`` to raise."""
         dataset = self.datasets[role]
