@@ -7,6 +7,7 @@ input and run again), :class:`TrainingDiverged` with status 1.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hydra.errors import InstantiationException
@@ -32,6 +33,16 @@ class CheckpointError(ValueError):
 
 class TrainingDiverged(RuntimeError):
     """The loss or the gradients stayed non-finite: training stopped, the last good checkpoint is kept."""
+
+
+def whole(value: Any, minimum: int) -> bool:
+    """``value`` is an int (not a bool, which YAML's ``true`` would be) of at least ``minimum``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float (not a bool)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def show(value: Any) -> str:

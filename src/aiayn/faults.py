@@ -27,12 +27,12 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # advance notices: sbatch --
 MIN_LOSS_SCALE = 1e-4  # fp16: a scaler this low means gradients overflow at any scale (fairseq's floor too)
 
 
-def any_rank(trainer: pl.Trainer, flags: torch.Tensor) -> list[bool]:
-    """Each of ``flags`` (a float tensor on the module's device) true on any DDP rank; this rank's own in
-    a single process. Every rank calls it at the same point: it is a collective under DDP."""
+def max_over_ranks(trainer: pl.Trainer, values: torch.Tensor) -> list[float]:
+    """Each of ``values`` (a float tensor on the module's device) at its largest over the DDP ranks; this
+    rank's own in a single process. Every rank calls it at the same point: it is a collective under DDP."""
     if distributed() and trainer.world_size > 1:
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-    return [bool(flag) for flag in flags.tolist()]
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+    return values.tolist()
 
 
 class NonFiniteGuard(pl.Callback):
@@ -69,7 +69,7 @@ class NonFiniteGuard(pl.Callback):
         loss_bad = self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool)
         self._loss_bad = None
         flags = torch.stack([loss_bad.to(norm.device), ~torch.isfinite(norm)]).float()
-        loss_bad, grad_bad = any_rank(trainer, flags)  # the losses differ by rank; the gradients do not
+        loss_bad, grad_bad = map(bool, max_over_ranks(trainer, flags))  # losses differ by rank, gradients not
         step = trainer.global_step + 1
         if metrics_flushed_at(trainer, step):
             pl_module.log("train/grad_norm", norm, batch_size=1)
@@ -160,11 +160,8 @@ class Preemption(Checkpoint):
 
     def _agreed_signal(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
         """The signal any rank received (every rank calls this at the same point), or 0."""
-        if trainer.world_size > 1 and distributed():
-            received = torch.tensor([float(self.received)], device=pl_module.device)
-            torch.distributed.all_reduce(received, op=torch.distributed.ReduceOp.MAX)
-            return int(received.item())
-        return self.received
+        (signum,) = max_over_ranks(trainer, torch.tensor([float(self.received)], device=pl_module.device))
+        return int(signum)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int

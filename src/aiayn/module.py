@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -12,7 +11,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
 from aiayn.callbacks import gathered_from_ranks
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, is_number, whole
 from aiayn.loss import label_smoothed_cross_entropy
 from aiayn.model import Transformer, TransformerConfig, translate_ids
 from aiayn.model.decoding import check_decoding
@@ -170,11 +169,6 @@ class TranslationModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 
-def is_number(value: Any) -> bool:
-    """A finite int or float (not a bool, which YAML's ``true`` would be)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def check_optimization(
     label_smoothing: float, betas: Sequence[float], eps: float, warmup: int, lr_scale: float
 ) -> None:
@@ -189,7 +183,7 @@ def check_optimization(
         )
     if not is_number(eps) or eps <= 0:
         raise ConfigError("optim.eps", eps, "must be a number > 0 (the paper uses 1e-9)")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
+    if not whole(warmup, 1):
         raise ConfigError("optim.warmup", warmup, "must be a whole number of steps >= 1 (the paper uses 4000)")
     if not is_number(lr_scale) or lr_scale <= 0:
         raise ConfigError("optim.lr_scale", lr_scale, "must be a number > 0 (1.0: eq. 3 as written)")

@@ -21,11 +21,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from aiayn.config import compile_flag, model_config
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, is_number, whole
 from aiayn.hardware import check_devices
 from aiayn.model import TransformerConfig
 from aiayn.model.decoding import check_decoding
-from aiayn.module import check_optimization, is_number
+from aiayn.module import check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
@@ -87,10 +87,6 @@ def check_resolvable(cfg: DictConfig) -> None:
         raise ConfigError(error.full_key, "???", "must be set: it has no default") from None
     except OmegaConfBaseException as error:
         raise ConfigError(error.full_key, "...", f"cannot be resolved: {error.msg}") from None
-
-
-def whole(value: Any, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 def check_trainer(trainer: DictConfig) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, is_number, whole
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none", "rope")
 
@@ -36,12 +36,12 @@ class TransformerConfig:
     def __post_init__(self) -> None:
         for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not whole(value, 1):
                 where = "data" if key == "vocab_size" else "model"  # the vocabulary is the corpus's
                 raise ConfigError(f"{where}.{key}", value, "must be a positive whole number")
         for key in ("dropout", "attn_dropout"):
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+            if not is_number(value) or not 0.0 <= value < 1.0:
                 raise ConfigError(f"model.{key}", value, "must be a probability in [0, 1)")
         for key in ("norm_first", "share_embeddings"):
             if not isinstance(getattr(self, key), bool):
