@@ -14,10 +14,10 @@ import time
 
 import torch
 
-from aiayn.allocator import GLIBC_DEFAULT_THRESHOLD, RETAINING_THRESHOLD, set_malloc_thresholds
 from aiayn.data import Multi30kDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
-from aiayn.module import TranslationModule
+from aiayn.training.allocator import GLIBC_DEFAULT_THRESHOLD, RETAINING_THRESHOLD, set_malloc_thresholds
+from aiayn.training.module import TranslationModule
 
 SMALL = {"vocab_size": 8000, "n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64}
 

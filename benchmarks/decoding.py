@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from aiayn.model import Transformer, TransformerConfig, beam_search
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search
 from aiayn.model.flops import count_parameters
 
 PAD, BOS, EOS = 0, 2, 3
@@ -79,12 +79,12 @@ def main() -> None:
     src[:, -1] = EOS
     batches = src.split(args.batch)
     # out_len - 1 tokens may precede EOS: out_len decoder steps, as max_new_tokens=out_len gives Hugging Face
-    offset = args.out_len - 1 - args.src_len
+    options = DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=args.out_len - 1 - args.src_len)
 
     def our_search(use_cache: bool) -> Callable[[], None]:
         def run() -> None:
             for batch in batches:
-                found = beam_search(ours, batch, BOS, EOS, 4, 0.6, offset, use_cache=use_cache)
+                found = beam_search(ours, batch, BOS, EOS, options, use_cache=use_cache)
                 assert all(len(h.tokens) == args.out_len - 1 for h in found)
 
         return run

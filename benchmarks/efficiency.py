@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from aiayn.config import module_kwargs
-from aiayn.module import TranslationModule
+from aiayn.config.build import module_kwargs
+from aiayn.training.module import TranslationModule
 from train_throughput import our_step
 from workload import (
     benchmark_parser,

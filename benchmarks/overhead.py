@@ -1,6 +1,6 @@
 """What the framework costs: `aiayn-train`'s whole loop against a bare PyTorch loop on the same batches.
 
-The full loop is `aiayn.train.train` (what `aiayn-train` runs) on the composed config: Lightning's
+The full loop is `aiayn.experiments.run.train` (what `aiayn-train` runs) on the composed config: Lightning's
 Trainer with every callback of a run, the W&B logger (offline) and the CSV log, the data loader. The
 bare loop is the same module's loss, optimizer and schedule in plain PyTorch, on a second copy of the
 model. The two are interleaved step by step, so that this shared machine's slow minutes hit both alike:
@@ -28,9 +28,9 @@ import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aiayn.config import module_kwargs
-from aiayn.module import TranslationModule
-from aiayn.train import train
+from aiayn.config.build import module_kwargs
+from aiayn.experiments.run import train
+from aiayn.training.module import TranslationModule
 from train_throughput import Step, our_step
 from workload import benchmark_parser, machine, parse_counts, prepare_process, real_tokens, training_config
 

@@ -4,7 +4,7 @@ Variants, all on the same Multi30k batches, taking turns on every batch in this 
 warm-up:
 - `aiayn`: the step as `aiayn-train` runs it;
 - `nn.Dropout`: torch's dropout instead of `aiayn.model.dropout.Dropout`;
-- `F.cross_entropy`: torch's label-smoothed loss instead of `aiayn.loss`;
+- `F.cross_entropy`: torch's label-smoothed loss instead of `aiayn.training.loss`;
 - `Adam for-loop`: Adam without its fused kernel;
 - `none of them`: all three undone (the step before this work);
 - `model.compile` (with `--compile`): `torch.compile` on top of the step (compiling takes minutes).
@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from aiayn.config import module_kwargs
+from aiayn.config.build import module_kwargs
 from aiayn.model.dropout import Dropout
-from aiayn.module import TranslationModule
+from aiayn.training.module import TranslationModule
 from train_throughput import Step
 from workload import benchmark_parser, machine, parse_counts, prepare_process, race, training_batches, training_config
 

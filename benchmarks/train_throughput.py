@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from aiayn.config import model_config, module_kwargs
+from aiayn.config.build import model_config, module_kwargs
 from aiayn.model import TransformerConfig, count_parameters
-from aiayn.module import TranslationModule
+from aiayn.training.module import TranslationModule
 from peers import NNTransformer, marian
 from workload import (
     adam,

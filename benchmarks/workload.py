@@ -19,11 +19,11 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aiayn.allocator import retain_freed_memory
-from aiayn.config import compose_run_config
-from aiayn.cpus import available_cpus
+from aiayn.config.compose import compose_run_config
+from aiayn.machine import available_cpus
 from aiayn.model import TransformerConfig
 from aiayn.model.flops import batch_training_flops
+from aiayn.training.allocator import retain_freed_memory
 
 
 def benchmark_parser(doc: str, steps: int, rounds: int, steps_help: str) -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import train as train_cli
-from aiayn.cpus import available_cpus
+from aiayn.machine import available_cpus
 
 
 def base(root: Path, cache: Path) -> list[str]:

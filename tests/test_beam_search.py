@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from aiayn.model import Transformer, TransformerConfig, beam_search, greedy_decode, length_penalty
-from reference_search import BOS, EOS, exhaustive_best, recomputing_greedy, sequence_log_prob
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search, greedy_decode, length_penalty
+from helpers.reference_search import BOS, EOS, exhaustive_best, recomputing_greedy, sequence_log_prob
 
 
 def random_model(positional: str = "sinusoidal", vocab: int = 40, sharpen: float = 1.0, seed: int = 1) -> Transformer:
@@ -57,8 +57,10 @@ def biased_model(vocab: int, eos_bonus: float, sharpen: float = 1.0, seed: int =
 def test_cached_beam_search_equals_recomputing_the_prefix(positional: str) -> None:
     model = random_model(positional, sharpen=3.0)
     src = padded_sources(40, [9, 4, 7, 1, 6])
-    cached = beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6, max_len_offset=6)
-    recomputed = beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6, max_len_offset=6, use_cache=False)
+    cached = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=6))
+    recomputed = beam_search(
+        model, src, BOS, EOS, DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=6), use_cache=False
+    )
     assert [h.tokens for h in cached] == [h.tokens for h in recomputed]
     for fast, slow in zip(cached, recomputed, strict=True):
         assert fast.score == pytest.approx(slow.score, abs=1e-4)
@@ -68,9 +70,9 @@ def test_cached_beam_search_equals_recomputing_the_prefix(positional: str) -> No
 def test_a_sentence_gets_the_same_translation_alone_and_in_a_padded_batch() -> None:
     model = random_model(sharpen=3.0)
     src = padded_sources(40, [3, 8, 5, 2])
-    batched = beam_search(model, src, BOS, EOS, beam_size=3, max_len_offset=5)
+    batched = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=5))
     for row, hypothesis in zip(src, batched, strict=True):
-        alone = beam_search(model, row[row.ne(0)][None], BOS, EOS, beam_size=3, max_len_offset=5)[0]
+        alone = beam_search(model, row[row.ne(0)][None], BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=5))[0]
         assert alone.tokens == hypothesis.tokens
         assert alone.score == pytest.approx(hypothesis.score, abs=1e-4)
 
@@ -85,7 +87,7 @@ def test_beam_size_one_is_greedy_decoding(alpha: float) -> None:
     ends = [len(tokens) for tokens in expected]
     assert set(ends) & set(limits) and 0 in ends
     assert any(0 < end < limit for end, limit in zip(ends, limits, strict=True))
-    found = beam_search(model, src, BOS, EOS, beam_size=1, alpha=alpha, max_len_offset=8)
+    found = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=1, alpha=alpha, max_len_offset=8))
     assert [h.tokens for h in found] == expected
     assert greedy_decode(model, src, BOS, EOS, max_len_offset=8) == expected
 
@@ -99,7 +101,7 @@ def test_a_large_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> N
     # that bounded live beams by a length penalty shorter than the longest reachable, misses the winners.
     model = random_model(vocab=6, sharpen=4.0, seed=seed)
     src = torch.tensor([[4, 5, 4], [5, 0, 0], [4, 4, 0]])
-    found = beam_search(model, src, BOS, EOS, beam_size=96, alpha=alpha, max_len_offset=1)
+    found = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=96, alpha=alpha, max_len_offset=1))
     for row, hypothesis in zip(src, found, strict=True):
         tokens, score = exhaustive_best(model, row, max_len_offset=1, alpha=alpha)
         assert hypothesis.tokens == tokens
@@ -113,7 +115,9 @@ def test_the_length_penalty_follows_gnmt() -> None:
     assert length_penalty(7.0, 0.0) == 1.0
     model = random_model(sharpen=3.0)
     src = padded_sources(40, [6, 3])
-    for row, hypothesis in zip(src, beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6), strict=True):
+    for row, hypothesis in zip(
+        src, beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=4, alpha=0.6)), strict=True
+    ):
         log_prob = sequence_log_prob(model, row, hypothesis.tokens)
         assert hypothesis.log_prob == pytest.approx(log_prob, abs=1e-4)
         # |Y| counts the emitted tokens including EOS
@@ -128,14 +132,14 @@ def test_outputs_stop_at_source_length_plus_the_offset() -> None:
         model.output_proj.weight[EOS].zero_()
     src = padded_sources(40, [6, 6, 2])
     for offset in (0, 3):
-        hypotheses = beam_search(model, src, BOS, EOS, beam_size=4, max_len_offset=offset)
+        hypotheses = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=4, max_len_offset=offset))
         assert [len(h.tokens) for h in hypotheses] == [6 + offset, 6 + offset, 2 + offset]
 
 
 def test_the_search_stops_once_no_live_beam_can_win() -> None:
     model = biased_model(vocab=40, eos_bonus=30.0)
     src = padded_sources(40, [8, 5, 8])
-    hypotheses = beam_search(model, src, BOS, EOS, beam_size=4, alpha=0.6, max_len_offset=50)
+    hypotheses = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=50))
     # EOS first is almost certain; every live beam is already e^-30 behind and can only fall further.
     assert [h.tokens for h in hypotheses] == [[], [], []]
     assert model.calls == 1
@@ -152,13 +156,15 @@ def test_outputs_never_outgrow_the_position_table() -> None:
         model.output_proj.weight[EOS].zero_()  # as above: only the limit ends a sentence
         model.output_proj.weight.mul_(10)
     src = padded_sources(40, [6, 2])
-    hypotheses = beam_search(model, src, BOS, EOS, beam_size=3, max_len_offset=50)
+    hypotheses = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=50))
     # BOS + 8 tokens fill the 9 learned positions; the second sentence's own limit (2 + 2) comes first
     assert [len(h.tokens) for h in hypotheses] == [8, 8]
-    assert [len(h.tokens) for h in beam_search(model, src, BOS, EOS, beam_size=3, max_len_offset=2)] == [8, 4]
+    assert [
+        len(h.tokens) for h in beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=2))
+    ] == [8, 4]
 
 
 @pytest.mark.parametrize("alpha", [float("nan"), float("inf"), -0.1])
 def test_a_length_penalty_that_is_not_a_finite_non_negative_number_is_refused(alpha: float) -> None:
-    with pytest.raises(ValueError, match="must be a finite number >= 0"):
-        beam_search(random_model(), padded_sources(40, [3]), BOS, EOS, beam_size=2, alpha=alpha)
+    with pytest.raises(ValueError, match=r"alpha=\S+ must be a number >= 0"):
+        beam_search(random_model(), padded_sources(40, [3]), BOS, EOS, DecodingOptions(beam_size=2, alpha=alpha))

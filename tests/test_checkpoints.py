@@ -8,14 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.checkpoints import (
-    CheckpointError,
-    average_checkpoints,
-    load_model,
-    save_checkpoint,
-    step_checkpoints,
-)
 from aiayn.cli.average import main as average_main
+from aiayn.errors import CheckpointError
+from aiayn.training.checkpoints import average_checkpoints, load_model, save_checkpoint, step_checkpoints
 
 
 def fake_checkpoint(seed: int, step: int) -> dict:

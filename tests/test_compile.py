@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 import torch
 
-from aiayn.config import compose_run_config, module_kwargs
-from aiayn.module import TranslationModule
+from aiayn.config.build import module_kwargs
+from aiayn.config.compose import compose_run_config
+from aiayn.training.module import TranslationModule
 
 
 def tiny_kwargs(*overrides: str) -> dict[str, Any]:

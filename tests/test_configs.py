@@ -9,13 +9,13 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 
-from aiayn.config import compose_config, config_dir, module_kwargs
+from aiayn.config.build import module_kwargs, trainer_options
+from aiayn.config.compose import compose_config, config_dir
+from aiayn.config.preflight import check_checkpointing
 from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer, TransformerConfig
-from aiayn.module import TranslationModule
-from aiayn.preflight import check_checkpointing
-from aiayn.train import trainer_options
+from aiayn.training.module import TranslationModule
 
 CONF = Path(config_dir())
 
@@ -85,7 +85,7 @@ def test_defaults_are_the_tuned_cpu_run() -> None:
 def test_decoding_options_reach_the_module(option: str, beam_size: int) -> None:
     cfg = compose_config("train", [f"decoding={option}", "model=tiny", "data.vocab_size=1000"])
     module = TranslationModule(**module_kwargs(cfg))
-    assert module.hparams.beam_size == beam_size and module.hparams.max_len_offset == 50
+    assert module.decoding.beam_size == beam_size and module.decoding.max_len_offset == 50
     for tool in ("eval", "translate"):  # the other tools compose the same group
         assert compose_config(tool, [f"decoding={option}", "checkpoint=x.ckpt"]).decoding.beam_size == beam_size
 

@@ -17,22 +17,17 @@ from omegaconf import OmegaConf
 from PIL import Image
 from tensorboardX.proto import event_pb2
 
-from aiayn.config import compose_run_config
-from aiayn.dashboard import ascii_label, attention_image
+from aiayn.config.build import build_loggers
+from aiayn.config.compose import compose_run_config
+from aiayn.config.naming import RunIdentity, run_identity
 from aiayn.data.corpus import read_lines
-from aiayn.hardware import peak_flops
-from aiayn.loggers import (
-    RunCSVLogger,
-    RunIdentity,
-    TensorBoardRunLogger,
-    WandbRunLogger,
-    build_loggers,
-    run_identity,
-    wandb_mode,
-)
+from aiayn.experiments.run import train
+from aiayn.machine import peak_flops
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
-from aiayn.train import progress_style, train
-from wandb_records import offline_runs
+from aiayn.training.callbacks.progress import progress_style
+from aiayn.training.callbacks.samples import ascii_label, attention_image
+from aiayn.training.loggers import RunCSVLogger, TensorBoardRunLogger, WandbRunLogger, wandb_mode
+from helpers.wandb_records import offline_runs
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
@@ -276,7 +271,7 @@ def test_mfu_counts_the_real_tokens_against_the_device_peak() -> None:
     ("override", "message"),
     [
         ("progress=loud", "progress=loud is not a progress display; use one of auto, rich, tqdm, quiet"),
-        ("dashboard.samples=-1", "dashboard.samples=-1 and dashboard.attention_every=1 must be >= 0"),
+        ("dashboard.samples=-1", "dashboard.samples=-1 must be a whole number >= 0"),
         ("logger.wandb.mode=cloud", "logger.wandb.mode=cloud is not a W&B mode; use one of auto, online"),
     ],
 )

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from aiayn.model import Transformer, TransformerConfig, greedy_decode
-from reference_search import BOS, EOS, recomputing_greedy
+from helpers.reference_search import BOS, EOS, recomputing_greedy
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "none", "rope"])

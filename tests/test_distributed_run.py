@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn.config import compose_run_config
+from aiayn.config.compose import compose_run_config
 from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
-from aiayn.train import train
-from batch_recorder import recorded
+from aiayn.experiments.run import train
+from helpers.batch_recorder import recorded
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -41,7 +41,7 @@ def small_run(root: Path, cache: Path) -> list[str]:
 
 
 def ddp_train(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
-    recorder = f"callbacks=[{{_target_:batch_recorder.BatchRecorder,folder:'{run_dir}'}}]"
+    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}'}}]"
     command = ["aiayn-train", "hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder, *overrides]
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 
-from aiayn.batching import accumulation_steps, configure_batching
-from aiayn.config import compose_config
-from aiayn.train import trainer_options
+from aiayn.config.build import trainer_options
+from aiayn.config.compose import compose_config
+from aiayn.training.batching import accumulation_steps, configure_batching
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
     "cpu": ("cpu", 1, 1, "32-true", None),

@@ -20,10 +20,10 @@ import pytest
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from aiayn.checkpoints import save_checkpoint
-from aiayn.cli import train as train_cli
 from aiayn.cli.common import reported_run_errors
-from batch_recorder import recorded
+from aiayn.cli import train as train_cli
+from aiayn.training.checkpoints import save_checkpoint
+from helpers.batch_recorder import recorded
 from test_resume import settings
 
 pytestmark = pytest.mark.slow
@@ -32,7 +32,7 @@ STEPS = 16
 
 
 def command(run_dir: Path, overrides: list[str], pause: float = 0.0) -> list[str]:
-    recorder = f"callbacks=[{{_target_:batch_recorder.BatchRecorder,folder:'{run_dir}',pause:{pause}}}]"
+    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}',pause:{pause}}}]"
     return [sys.executable, "-m", "aiayn.cli.train", f"hydra.run.dir={run_dir}", recorder, *overrides]
 
 
@@ -148,7 +148,7 @@ def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_whole(tmp_
     save_checkpoint({"step": -1, "weights": torch.zeros(4)}, path)
     writer = (
         "import sys, torch\n"
-        "from aiayn.checkpoints import save_checkpoint\n"
+        "from aiayn.training.checkpoints import save_checkpoint\n"
         "big = torch.randn(8_000_000)\n"
         "print('ready', flush=True)\n"
         "for step in range(10**6):\n"

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from torchmetrics.text import SacreBLEUScore
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
-from aiayn.loss import label_smoothed_cross_entropy
 from aiayn.model import Transformer, TransformerConfig
-from aiayn.module import TranslationModule
 from aiayn.scoring import BLEU_SETTINGS
+from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.module import TranslationModule
 
 MODEL = {"vocab_size": 8000, "n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
 

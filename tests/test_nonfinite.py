@@ -12,10 +12,10 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from aiayn.config.compose import compose_run_config
+from aiayn.experiments.run import train
 from aiayn.cli import train as train_cli
-from aiayn.config import compose_run_config
-from aiayn.module import TranslationModule
-from aiayn.train import train
+from aiayn.training.module import TranslationModule
 from test_resume import settings
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from aiayn.cli.summary import summarize
-from aiayn.config import compose_config
+from aiayn.config.compose import compose_config
 from aiayn.model import Transformer, TransformerConfig, count_parameters, forward_flops
 
 

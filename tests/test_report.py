@@ -11,9 +11,9 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from aiayn.config import compose_run_config
-from aiayn.report import write_report
-from wandb_records import offline_runs
+from aiayn.config.compose import compose_run_config
+from aiayn.experiments.report import write_report
+from helpers.wandb_records import offline_runs
 
 
 def fake_run(folder: Path, overrides: list[str], bleu: float, ppl: float, params: int = 2_000_000) -> Path:

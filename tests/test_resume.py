@@ -8,9 +8,9 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
-from aiayn.config import compose_run_config
-from aiayn.train import train
-from batch_recorder import BatchRecorder, recorded
+from aiayn.config.compose import compose_run_config
+from aiayn.experiments.run import train
+from helpers.batch_recorder import BatchRecorder, recorded
 
 pytestmark = pytest.mark.slow
 

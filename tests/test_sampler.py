@@ -70,7 +70,10 @@ def test_training_ranks_get_disjoint_batches_equal_in_number(sizes: np.ndarray, 
     for epoch in (0, 1):
         ranks = shards(sizes, world, epoch)
         assert {len(batches) for batches in ranks} == {total // world}
-        assert all(len(TokenBudgetBatchSampler(sizes, 500, 3, True, world, r)) == total // world for r in range(world))
+        assert all(
+            len(TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=world, rank=r)) == total // world
+            for r in range(world)
+        )
         seen = [i for batches in ranks for batch in batches for i in batch]
         assert len(seen) == len(set(seen))  # no pair twice in the epoch, on any rank
         # only the epoch's last total % world batches are left out, and not always the same ones
@@ -130,6 +133,8 @@ def test_a_checkpoint_of_other_batching_restarts_the_epoch(sizes: np.ndarray) ->
 @pytest.mark.parametrize(("world", "group"), [(1, 4), (2, 3), (8, 2)])
 def test_an_epoch_holds_whole_optimizer_steps_of_accumulated_batches(sizes: np.ndarray, world: int, group: int) -> None:
     total = len(TokenBudgetBatchSampler(sizes, 500, seed=3))
-    samplers = [TokenBudgetBatchSampler(sizes, 500, 3, True, world, r, group=group) for r in range(world)]
+    samplers = [
+        TokenBudgetBatchSampler(sizes, 500, seed=3, num_replicas=world, rank=r, group=group) for r in range(world)
+    ]
     lengths = {len(list(sampler)) for sampler in samplers} | {len(sampler) for sampler in samplers}
     assert lengths == {total // (world * group) * group}  # whole steps on every rank, as many as fit

@@ -9,8 +9,8 @@ import pytorch_lightning as pl
 import torch
 from pytorch_lightning.plugins import MixedPrecision
 
-from aiayn.module import TranslationModule
-from aiayn.schedule import NoamSchedule
+from aiayn.training.module import TranslationModule
+from aiayn.training.schedule import NoamSchedule
 
 
 def lr_at(schedule: NoamSchedule, step: int) -> float:

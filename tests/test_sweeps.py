@@ -13,8 +13,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from aiayn.config import compose_config, run_dir
-from aiayn.sweep import (
+from aiayn.config.compose import compose_config
+from aiayn.config.naming import run_dir
+from aiayn.experiments.sweep import (
     ARGS_MACRO,
     SweepError,
     SweepState,
@@ -26,8 +27,8 @@ from aiayn.sweep import (
     trial_command,
     trial_folder,
 )
-from aiayn.table3 import ROWS
-from wandb_records import offline_runs
+from aiayn.experiments.table3 import ROWS
+from helpers.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))

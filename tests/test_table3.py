@@ -12,8 +12,8 @@ import pytest
 from omegaconf import DictConfig
 
 from aiayn.cli.summary import summarize
-from aiayn.config import compose_config, compose_run_config, config_dir
-from aiayn.table3 import COLUMNS, PAPER, ROWS, columns_of, family_rows
+from aiayn.config.compose import compose_config, compose_run_config, config_dir
+from aiayn.experiments.table3 import COLUMNS, PAPER, ROWS, columns_of, family_rows
 
 EXPERIMENTS = Path(config_dir()) / "experiment"
 

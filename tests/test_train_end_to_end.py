@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aiayn.data.corpus import read_lines
-from aiayn.schedule import NoamSchedule
+from aiayn.training.schedule import NoamSchedule
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("wandb_offline")]
 

@@ -7,9 +7,10 @@ import random
 import pytest
 import torch
 
+from aiayn.config.build import decoding_options
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.evaluation.translator import Translator
 from aiayn.model import Transformer, TransformerConfig
-from aiayn.translator import Translator
 
 WORDS = [
     "a",
@@ -38,12 +39,13 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return Tokenizer.train(lines, 60, tmp_path_factory.mktemp("spm") / "spm.model")
 
 
-def random_translator(tokenizer: Tokenizer, **options: int | float) -> Translator:
+def random_translator(tokenizer: Tokenizer, max_tokens: int = 8192, **decoding: int | float) -> Translator:
+    """A random model's translator; ``decoding`` as a user's ``decoding.*`` settings (checked as the CLI does)."""
     torch.manual_seed(0)
     cfg = TransformerConfig(
         vocab_size=tokenizer.vocab_size, n_layers=1, d_model=32, d_ff=64, n_heads=2, d_k=16, d_v=16, max_positions=64
     )
-    return Translator(Transformer(cfg), tokenizer, **options)
+    return Translator(Transformer(cfg), tokenizer, decoding_options(decoding), max_tokens=max_tokens)
 
 
 def test_batches_of_any_size_give_the_same_translations_in_input_order(tokenizer: Tokenizer) -> None:

@@ -12,10 +12,10 @@ import datasets
 import numpy as np
 import pytest
 
-from aiayn.config import compose_run_config
+from aiayn.config.compose import compose_run_config
 from aiayn.data import DataError, TextDataModule, WMT14DataModule, encoding
 from aiayn.data.corpus import read_lines
-from aiayn.train import train
+from aiayn.experiments.run import train
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,11 @@
-"""The errors a user can act on, each with a message that says what is wrong and what to do.
+"""The errors a user can act on, each with a message that says what is wrong and what to do, and the
+value checks that raise them. Plain Python: every layer may import this module, the model included.
 
 The command-line tools report them in one line without a traceback (:mod:`aiayn.cli.common`):
 :class:`ConfigError`, :class:`DataError` and :class:`CheckpointError` exit with status 2 (fix the
-input and run again), :class:`TrainingDiverged` with status 1.
+input and run again), :class:`TrainingDiverged` with status 1. :class:`FieldError` is what the
+framework-free model layer raises about its own fields; the config layer turns it into the
+:class:`ConfigError` that names the config key (:func:`aiayn.config.build.config_keys`).
 """
 
 from __future__ import annotations
@@ -10,9 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
-from omegaconf import DictConfig
+
+class FieldError(ValueError):
+    """A field of a plain object (:class:`~aiayn.model.TransformerConfig`, decoding options) with a value
+    it cannot take: ``<field>=<value> <what is allowed>``."""
+
+    def __init__(self, field: str, value: Any, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={show(value)} {allowed}")
 
 
 class ConfigError(ValueError):
@@ -54,15 +62,3 @@ def show(value: Any) -> str:
     if isinstance(value, str) and (value == "" or value != value.strip()):
         return repr(value)
     return str(value)
-
-
-def instantiated(spec: DictConfig, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, but a target's own :class:`ConfigError` or
-    :class:`DataError` (a one-line message naming the key and the fix) is raised as it is,
-    not wrapped into Hydra's exception with its traceback."""
-    try:
-        return instantiate(spec, **kwargs)
-    except InstantiationException as error:
-        if isinstance(error.__cause__, ConfigError | DataError):
-            raise error.__cause__ from None
-        raise

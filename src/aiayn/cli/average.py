@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from aiayn.checkpoints import CheckpointError, average_checkpoints, save_checkpoint, step_checkpoints
 from aiayn.cli.common import reported_as_usage_errors
+from aiayn.training.checkpoints import CheckpointError, average_checkpoints, save_checkpoint, step_checkpoints
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
-from aiayn.faults import Preempted
+from aiayn.training.callbacks.preemption import Preempted
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
@@ -72,9 +72,9 @@ def reported_run_errors(program: str, run_dir: Path, created: bool) -> Iterator[
     - :data:`RUN_INPUT_ERRORS`: exit status 2, fix the input and run again; ``run_dir`` is removed when
       this command ``created`` it and it holds nothing but Hydra's files (the run never started);
     - :class:`~aiayn.errors.TrainingDiverged`: status 1;
-    - :class:`~aiayn.faults.Preempted` (a checkpoint was saved at a signal): 128 + the signal's number,
-      as a shell reports a process that a signal ended; Lightning's stop at SIGTERM after training
-      (while testing) likewise.
+    - :class:`~aiayn.training.callbacks.preemption.Preempted` (a checkpoint was saved at a signal):
+      128 + the signal's number, as a shell reports a process that a signal ended; Lightning's stop at
+      SIGTERM after training (while testing) likewise.
     """
     try:
         yield
@@ -107,13 +107,14 @@ def resolve_device(device: str) -> torch.device:
     try:
         chosen = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"device={device} is not a device; use auto, cpu, cuda or cuda:<index>") from None
+        raise ConfigError("device", device, "is not a device; use auto, cpu, cuda or cuda:<index>") from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={device} but no CUDA GPU is visible here; use device=cpu or device=auto")
+        raise ConfigError("device", device, "but no CUDA GPU is visible here; use device=cpu or device=auto")
     return chosen
 
 
 def required_checkpoint(checkpoint: str | None) -> Path:
+    """``checkpoint=<path>``, which a tool that loads a model needs."""
     if not checkpoint:
         raise ValueError("checkpoint=<path to a .ckpt of aiayn-train or aiayn-average> is required")
     return Path(checkpoint)

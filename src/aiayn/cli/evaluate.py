@@ -8,15 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.checkpoints import load_model
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config import config_dir
+from aiayn.config.build import decoding_options, instantiated
+from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_parallel
+from aiayn.errors import ConfigError
+from aiayn.evaluation.translator import Translator
 from aiayn.scoring import corpus_scores
-from aiayn.translator import Translator
+from aiayn.training.checkpoints import load_model
 
 
 def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any]) -> tuple[str, list[str], list[str]]:
@@ -31,8 +32,8 @@ def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any]) -> tuple[str, 
         if cfg.data[key] is not None:
             data[key] = cfg.data[key]
     if data.get("root") and not Path(data.root).expanduser().is_dir():
-        raise ValueError(f"data.root={data.root} (from the checkpoint's run) is not a folder; set data.root=<corpus>")
-    source, reference = instantiate(data).split_texts(cfg.split)
+        raise ConfigError("data.root", data.root, "(from the checkpoint's run) is not a folder; set data.root=<corpus>")
+    source, reference = instantiated(data).split_texts(cfg.split)
     return cfg.split, source, reference
 
 
@@ -54,11 +55,11 @@ def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-eval"):
         checkpoint = required_checkpoint(cfg.checkpoint)
         if cfg.tokenized_bleu not in ("auto", True, False):
-            raise ValueError(f"tokenized_bleu={cfg.tokenized_bleu} must be auto, true or false")
+            raise ConfigError("tokenized_bleu", cfg.tokenized_bleu, "must be auto, true or false")
         model, tokenizer, run_config = load_model(checkpoint, resolve_device(cfg.device))
         name, source, reference = evaluation_texts(cfg, run_config)
-        decoding = OmegaConf.to_container(cfg.decoding, resolve=True)
-        translator = Translator(model, tokenizer, **decoding, max_tokens=cfg.max_tokens)
+        decoding = decoding_options(cfg.decoding)
+        translator = Translator(model, tokenizer, decoding, max_tokens=cfg.max_tokens)
         start = time.perf_counter()
         hypotheses = translator.translate(source)
         seconds = time.perf_counter() - start
@@ -68,14 +69,14 @@ def run(cfg: DictConfig) -> None:
         scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
         folder = output_folder(cfg, checkpoint)
         folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{checkpoint.stem}.{name}.beam{decoding['beam_size']}-alpha{decoding['alpha']}"
+        stem = f"{checkpoint.stem}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
         hyp_file = folder / f"{stem}.hyp.txt"
         hyp_file.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
         report = {
             "checkpoint": str(checkpoint),
             "evaluated": name,
             "sentences": len(source),
-            "decoding": decoding,
+            "decoding": decoding.to_dict(),
             **scores,
             "seconds": seconds,
             "sentences_per_s": len(source) / seconds if seconds else None,

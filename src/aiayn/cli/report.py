@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 
 from aiayn.cli.common import reported_as_usage_errors
-from aiayn.loggers import WANDB_MODES, wandb_mode
-from aiayn.report import write_report
+from aiayn.experiments.report import write_report
+from aiayn.training.loggers import WANDB_MODES, wandb_mode
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

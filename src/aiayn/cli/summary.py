@@ -10,8 +10,9 @@ from omegaconf import DictConfig
 from torch import nn
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
-from aiayn.config import config_dir, model_config
-from aiayn.model import Transformer, TransformerConfig, training_flops_per_token
+from aiayn.config.build import transformer_config
+from aiayn.config.compose import config_dir
+from aiayn.model import Transformer, training_flops_per_token
 
 
 def parameters_by_component(model: Transformer) -> dict[str, int]:
@@ -36,7 +37,7 @@ def parameters_by_component(model: Transformer) -> dict[str, int]:
 
 
 def summarize(cfg: DictConfig) -> dict[str, Any]:
-    model_cfg = TransformerConfig(**model_config(cfg))
+    model_cfg = transformer_config(cfg)
     model = Transformer(model_cfg)
     by_component = parameters_by_component(model)
     return {

@@ -19,8 +19,8 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from aiayn.cli.common import reported_as_usage_errors
-from aiayn.config import compose_config
-from aiayn.sweep import (
+from aiayn.config.compose import compose_config
+from aiayn.experiments.sweep import (
     FINISHED,
     Trial,
     command_overrides,

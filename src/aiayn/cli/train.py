@@ -14,11 +14,12 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from pytorch_lightning.utilities import rank_zero_only
 
-from aiayn.allocator import retain_freed_memory
 from aiayn.cli.common import reported_hydra_errors, reported_run_errors
-from aiayn.config import RUN_DIR_ENV, config_dir
+from aiayn.config.compose import config_dir
+from aiayn.config.naming import RUN_DIR_ENV
 from aiayn.errors import ConfigError
-from aiayn.train import train
+from aiayn.experiments.run import train
+from aiayn.training.allocator import retain_freed_memory
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,10 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config import config_dir
-from aiayn.translator import Translator
+from aiayn.config.build import decoding_options
+from aiayn.config.compose import config_dir
+from aiayn.errors import ConfigError, whole
+from aiayn.evaluation.translator import Translator
 
 
 def main() -> None:
@@ -22,14 +24,12 @@ def main() -> None:
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-translate"), ExitStack() as files:
-        if cfg.buffer_lines < 1:
-            raise ValueError(f"buffer_lines={cfg.buffer_lines} must be >= 1")
+        if not whole(cfg.buffer_lines, 1):
+            raise ConfigError("buffer_lines", cfg.buffer_lines, "must be >= 1")
         translator = Translator.from_checkpoint(
             required_checkpoint(cfg.checkpoint),
             resolve_device(cfg.device),
-            beam_size=cfg.decoding.beam_size,
-            alpha=cfg.decoding.alpha,
-            max_len_offset=cfg.decoding.max_len_offset,
+            decoding=decoding_options(cfg.decoding),
             max_tokens=cfg.max_tokens,
         )
         if cfg.input:

@@ -30,7 +30,7 @@ from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dty
 from aiayn.data.encoding import encode_split
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, is_number, whole
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,47 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 2
 SAMPLE_SEED = 0  # the tokenizer's training sample does not depend on the run's seed: runs share caches
 ROLES = ("train", "val", "test")
+
+
+def check_sizes(
+    *,
+    tokenizer_sample: int,
+    encode_workers: int | None,
+    max_tokens: int,
+    eval_max_tokens: int | None,
+    max_len: int,
+    max_len_ratio: float | None,
+    num_workers: int,
+    train_limit: int | None,
+    eval_limit: int | None,
+) -> None:
+    """The data module's sizes, counts and limits, each a :class:`~aiayn.errors.ConfigError` naming its
+    ``data.*`` key; among them, the token budget against the longest sentence training keeps."""
+    counts = (
+        ("tokenizer_sample", tokenizer_sample, 1, False),
+        ("num_workers", num_workers, 0, False),
+        ("encode_workers", encode_workers, 1, True),
+        ("train_limit", train_limit, 1, True),
+        ("eval_limit", eval_limit, 1, True),
+    )
+    for key, value, minimum, null in counts:
+        if not (null and value is None) and not whole(value, minimum):
+            raise ConfigError(f"data.{key}", value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
+    if max_len_ratio is not None and not (is_number(max_len_ratio) and max_len_ratio >= 1):
+        raise ConfigError("data.max_len_ratio", max_len_ratio, "must be a number >= 1 (or null: no ratio filter)")
+    for key, value in (("max_tokens", max_tokens), ("max_len", max_len)):
+        if not whole(value, 1):
+            raise ConfigError(f"data.{key}", value, "must be a whole number of tokens >= 1")
+    if eval_max_tokens is not None and not whole(eval_max_tokens, 1):
+        raise ConfigError("data.eval_max_tokens", eval_max_tokens, "must be a whole number of tokens >= 1 (or null)")
+    # A kept pair has at most max_len tokens per side, its end-of-sentence token included.
+    if max_tokens < max_len:
+        raise ConfigError(
+            "data.max_tokens",
+            max_tokens,
+            f"is smaller than the longest sentence training keeps (data.max_len={max_len} tokens); "
+            "raise data.max_tokens or lower data.max_len",
+        )
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -74,10 +115,17 @@ class TranslationDataModule(pl.LightningDataModule):
         super().__init__()
         if corpus.src_lang == corpus.tgt_lang:
             raise ConfigError("data.tgt_lang", corpus.tgt_lang, "is data.src_lang too; translate between two languages")
-        if max_len_ratio is not None and max_len_ratio < 1:
-            raise ConfigError("data.max_len_ratio", max_len_ratio, "must be at least 1 (or null: no ratio filter)")
-        if tokenizer_sample < 1:
-            raise ConfigError("data.tokenizer_sample", tokenizer_sample, "must be a positive number of pairs")
+        check_sizes(
+            tokenizer_sample=tokenizer_sample,
+            encode_workers=encode_workers,
+            max_tokens=max_tokens,
+            eval_max_tokens=eval_max_tokens,
+            max_len=max_len,
+            max_len_ratio=max_len_ratio,
+            num_workers=num_workers,
+            train_limit=train_limit,
+            eval_limit=eval_limit,
+        )
         self.corpus = corpus
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.vocab_size, self.tokenizer_sample, self.encode_workers = vocab_size, tokenizer_sample, encode_workers
@@ -247,7 +295,16 @@ class TranslationDataModule(pl.LightningDataModule):
         training = role == "train"
         sizes = self.datasets[role].sizes()
         group = self.trainer.accumulate_grad_batches if training and self.trainer is not None else 1
-        return TokenBudgetBatchSampler(sizes, max_tokens, self.seed, training, world, rank, training, group)
+        return TokenBudgetBatchSampler(
+            sizes,
+            max_tokens,
+            seed=self.seed,
+            shuffle=training,
+            num_replicas=world,
+            rank=rank,
+            even=training,
+            group=group,
+        )
 
     def _collator(self, role: str) -> Collator:
         assert self.tokenizer is not None, "call setup() first"

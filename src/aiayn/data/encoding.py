@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cpus import available_cpus
 from aiayn.data.corpus import ParallelCorpus
 from aiayn.data.dataset import EncodedTextWriter
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
 

@@ -64,6 +64,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self,
         sizes: Sequence[int] | np.ndarray,
         max_tokens: int,
+        *,
         seed: int = 0,
         shuffle: bool = True,
         num_replicas: int = 1,

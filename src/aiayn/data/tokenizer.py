@@ -9,8 +9,8 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from aiayn.cpus import available_cpus
 from aiayn.errors import ConfigError
+from aiayn.machine import available_cpus
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 

@@ -1,14 +1,20 @@
-"""The Transformer of "Attention Is All You Need" in plain PyTorch: no Lightning, no Hydra."""
+"""The Transformer of "Attention Is All You Need" in plain PyTorch: no Lightning, no Hydra, no OmegaConf.
+
+The bottom layer of aiayn: it imports only torch and :mod:`aiayn.errors`, so a researcher can use it in
+a loop of their own. Invalid values raise :class:`~aiayn.errors.FieldError` naming the field.
+"""
 
 from aiayn.model.attention import MultiHeadAttention
-from aiayn.model.beam_search import Hypothesis, beam_search, length_penalty
+from aiayn.model.beam_search import PAPER_DECODING, DecodingOptions, Hypothesis, beam_search, length_penalty
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, translate_ids
 from aiayn.model.flops import batch_training_flops, count_parameters, forward_flops, training_flops_per_token
 from aiayn.model.transformer import Transformer
 
 __all__ = [
+    "PAPER_DECODING",
     "POSITIONAL_ENCODINGS",
+    "DecodingOptions",
     "Hypothesis",
     "MultiHeadAttention",
     "Transformer",

@@ -22,6 +22,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(
         self,
         d_model: int,
+        *,
         n_heads: int,
         d_k: int,
         d_v: int,

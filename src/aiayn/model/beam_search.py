@@ -14,12 +14,41 @@ could still reach. Finished sentences leave the batch, and the search ends when 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
+from aiayn.errors import FieldError, is_number, whole
 from aiayn.model.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How a translation is searched for (§6.1): ``beam_size`` hypotheses (1: greedy), the length penalty
+    ``alpha`` and at most source length + ``max_len_offset`` output tokens; the paper's by default.
+
+    Checked once, where it is made; validation, test, the dashboard's samples, ``aiayn-eval`` and
+    ``aiayn-translate`` pass it whole.
+    """
+
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_len_offset: int = 50
+
+    def __post_init__(self) -> None:
+        if not whole(self.beam_size, 1):
+            raise FieldError("beam_size", self.beam_size, "must be a whole number >= 1 (1 is greedy decoding)")
+        if not is_number(self.alpha) or self.alpha < 0:
+            raise FieldError("alpha", self.alpha, "must be a number >= 0 (0: no length penalty; the paper uses 0.6)")
+        if not whole(self.max_len_offset, 0):
+            raise FieldError("max_len_offset", self.max_len_offset, "must be a whole number >= 0 (the paper uses 50)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PAPER_DECODING = DecodingOptions()  # §6.1: beam 4, α = 0.6, at most source length + 50 tokens
 
 
 @dataclass(frozen=True)
@@ -42,23 +71,19 @@ def beam_search(
     src: torch.Tensor,
     bos_id: int,
     eos_id: int,
-    beam_size: int = 4,
-    alpha: float = 0.6,
-    max_len_offset: int = 50,
+    options: DecodingOptions = PAPER_DECODING,
     use_cache: bool = True,
 ) -> list[Hypothesis]:
     """The best hypothesis for each sentence of a batch of source ids (B, S), padded with ``pad_id``.
 
-    Sentence ``b`` emits at most ``len(src[b]) + max_len_offset`` tokens before EOS; at that length EOS
-    is forced. ``use_cache=False`` re-runs the decoder over the whole prefix at every step instead of
-    reading the key/value caches (the reference that the cached path must equal, and a benchmark).
+    With ``options.beam_size`` beams, sentence ``b`` emits at most ``len(src[b]) + options.max_len_offset``
+    tokens before EOS; at that length EOS is forced. ``use_cache=False`` re-runs the decoder over the whole
+    prefix at every step instead of reading the key/value caches (the reference that the cached path
+    must equal, and a benchmark).
     PAD and BOS are never generated. One beam is greedy decoding: the arg-max token at every step and no
     length penalty (as beam size 1 means in fairseq and Hugging Face), so ``alpha`` is ignored then.
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size={beam_size} must be at least 1")
-    if not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"alpha={alpha} must be a finite number >= 0")
+    beam_size, alpha, max_len_offset = options.beam_size, options.alpha, options.max_len_offset
     if beam_size == 1:
         alpha = 0.0  # with α = 0 the first EOS that is the arg-max can no longer be beaten: greedy
     pad_id, k = model.cfg.pad_id, beam_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from aiayn.errors import ConfigError, is_number, whole
+from aiayn.errors import FieldError, is_number, whole
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned", "none", "rope")
 
@@ -15,7 +15,8 @@ class TransformerConfig:
     """Every size the paper's Table 3 varies, plus the variants people ablate.
 
     ``d_k`` and ``d_v`` are free: rows (B) of Table 3 change ``d_k`` alone, so ``h * d_k`` need not
-    equal ``d_model`` (§3.2.2).
+    equal ``d_model`` (§3.2.2). A value the model cannot use raises :class:`~aiayn.errors.FieldError`
+    naming the field (``d_model=511 must be even for positional=sinusoidal``).
     """
 
     vocab_size: int
@@ -37,22 +38,21 @@ class TransformerConfig:
         for key in ("vocab_size", "n_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "max_positions"):
             value = getattr(self, key)
             if not whole(value, 1):
-                where = "data" if key == "vocab_size" else "model"  # the vocabulary is the corpus's
-                raise ConfigError(f"{where}.{key}", value, "must be a positive whole number")
+                raise FieldError(key, value, "must be a positive whole number")
         for key in ("dropout", "attn_dropout"):
             value = getattr(self, key)
             if not is_number(value) or not 0.0 <= value < 1.0:
-                raise ConfigError(f"model.{key}", value, "must be a probability in [0, 1)")
+                raise FieldError(key, value, "must be a probability in [0, 1)")
         for key in ("norm_first", "share_embeddings"):
             if not isinstance(getattr(self, key), bool):
-                raise ConfigError(f"model.{key}", getattr(self, key), "must be true or false")
+                raise FieldError(key, getattr(self, key), "must be true or false")
         if self.positional not in POSITIONAL_ENCODINGS:
-            raise ConfigError("model.positional", self.positional, f"must be one of {', '.join(POSITIONAL_ENCODINGS)}")
+            raise FieldError("positional", self.positional, f"must be one of {', '.join(POSITIONAL_ENCODINGS)}")
         # Sinusoids come in sine/cosine pairs, one pair per two dimensions (§3.5); rotations turn pairs of d_k.
         if self.positional == "sinusoidal" and self.d_model % 2:
-            raise ConfigError("model.d_model", self.d_model, "must be even for model.positional=sinusoidal")
+            raise FieldError("d_model", self.d_model, "must be even for positional=sinusoidal")
         if self.positional == "rope" and self.d_k % 2:
-            raise ConfigError("model.d_k", self.d_k, "must be even for model.positional=rope")
+            raise FieldError("d_k", self.d_k, "must be even for positional=rope")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -41,8 +41,17 @@ class SublayerConnection(nn.Module):
         return self.norm(x + self.dropout(sublayer(x)))
 
 
-def _self_attention(cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, True, rotary)
+def _attention(cfg: TransformerConfig, self_attention: bool, rotary: RotaryEmbedding | None) -> MultiHeadAttention:
+    """One multi-head attention of the sizes ``cfg`` gives (rotations apply to self-attention only)."""
+    return MultiHeadAttention(
+        cfg.d_model,
+        n_heads=cfg.n_heads,
+        d_k=cfg.d_k,
+        d_v=cfg.d_v,
+        attn_dropout=cfg.attn_dropout,
+        self_attention=self_attention,
+        rotary=rotary,
+    )
 
 
 class EncoderLayer(nn.Module):
@@ -50,7 +59,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
-        self.self_attn = _self_attention(cfg, rotary)
+        self.self_attn = _attention(cfg, True, rotary)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
@@ -65,10 +74,8 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
-        self.self_attn = _self_attention(cfg, rotary)
-        self.cross_attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.attn_dropout, self_attention=False
-        )
+        self.self_attn = _attention(cfg, True, rotary)
+        self.cross_attn = _attention(cfg, False, None)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
         self.self_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.cross_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)

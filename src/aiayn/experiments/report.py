@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from aiayn.loggers import defining_overrides
-from aiayn.table3 import COLUMNS, FAMILIES, PAPER, columns_of, family_rows
+from aiayn.config.naming import defining_overrides
+from aiayn.experiments.table3 import COLUMNS, FAMILIES, PAPER, columns_of, family_rows
 
 log = logging.getLogger(__name__)
 

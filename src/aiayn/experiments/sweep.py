@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from aiayn.config import RUN_DIR_ENV, SWEEP_DIR_ENV
-from aiayn.loggers import run_label
+from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
+from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -347,8 +347,6 @@ def new_trial(state: SweepState, total: int | None) -> Trial | None:
 def trial_environment(folder: Path, parallel: int) -> dict[str, str]:
     """Trials write into the sweep's folder and log to W&B offline unless ``WANDB_MODE`` says otherwise;
     trials that share the CPUs share their threads."""
-    from aiayn.cpus import available_cpus
-
     env = dict(os.environ)
     for name in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_RUN_GROUP"):  # a surrounding W&B run's
         env.pop(name, None)

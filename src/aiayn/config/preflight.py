@@ -1,31 +1,39 @@
 """Checks of a composed training config that span its parts or need the machine, made before any work.
 
-Each part checks its own settings where it is built (:class:`~aiayn.model.TransformerConfig`, the data
-modules, the optimizer and decoding options); :func:`check_run_config` adds what none of them can see
-alone: unset or unresolvable values, the token budget against the longest sentence training keeps,
-sentence lengths against the model's positions, the devices against what the machine has, and the
-step, precision and checkpoint settings. Every failure is a :class:`~aiayn.errors.ConfigError`.
+Each part checks its own settings where it is built, and only there (:class:`~aiayn.model.TransformerConfig`
+and :class:`~aiayn.model.DecodingOptions`, the optimizer's, the data modules' sizes, counts and sources);
+:func:`check_run_config` calls the checks of the model, optimizer and decoding, and adds what no part
+can see alone: unset or unresolvable values, settings that do not exist, sentence lengths against the
+model's positions, the devices against what the machine has, and the step, precision and checkpoint
+settings. Every failure is a :class:`~aiayn.errors.ConfigError`; the data module's own checks follow
+when the run builds it, still before any work.
 """
 
 from __future__ import annotations
 
-import inspect
 import typing
-from collections.abc import Callable, Mapping
 from typing import Any
 
 import pytorch_lightning as pl
+import torch
 from hydra.utils import get_class
 from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from aiayn.config import compile_flag, model_config
+from aiayn.config.build import (
+    called_with,
+    check_known,
+    compile_flag,
+    decoding_options,
+    model_config,
+    parameters,
+    transformer_config,
+)
 from aiayn.errors import ConfigError, is_number, whole
-from aiayn.hardware import check_devices
+from aiayn.machine import available_cpus
 from aiayn.model import TransformerConfig
-from aiayn.model.decoding import check_decoding
-from aiayn.module import check_optimization
+from aiayn.training.module import check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
@@ -35,10 +43,11 @@ def check_run_config(cfg: DictConfig) -> None:
     """Raise :class:`~aiayn.errors.ConfigError` for the first setting of ``cfg`` that cannot work."""
     check_resolvable(cfg)
     # The parts' own checks, before the run seeds its generators and draws the initial weights.
-    called_with("model", TransformerConfig, model_config(cfg))
+    check_known("model", model_config(cfg), *parameters(TransformerConfig))
+    transformer_config(cfg)
     compile_flag(cfg.model.get("compile", False))
     called_with("optim", check_optimization, cfg.optim)
-    called_with("decoding", check_decoding, cfg.decoding)
+    decoding_options(cfg.decoding)
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise ConfigError("seed", cfg.seed, "must be a whole number")
     if not whole(cfg.max_nonfinite_steps, 1):
@@ -46,37 +55,10 @@ def check_run_config(cfg: DictConfig) -> None:
     check_known("trainer", cfg.trainer, *parameters(pl.Trainer))
     check_trainer(cfg.trainer)
     check_known("data", cfg.data, *parameters(get_class(cfg.data._target_)))
-    check_data(cfg.data)
-    check_lengths(cfg.data, cfg.model)
+    check_positions(cfg.data, cfg.model)
     check_checkpointing(cfg.checkpoint)
     if cfg.resume is not None and not isinstance(cfg.resume, bool | str):
         raise ConfigError("resume", cfg.resume, "must be true (the latest run of this name), a checkpoint, or null")
-
-
-def called_with(section: str, function: Callable[..., Any], settings: Mapping[str, Any]) -> None:
-    """``function(**settings)``, after :func:`check_known`."""
-    check_known(section, settings, *inspect.signature(function).parameters)
-    function(**settings)
-
-
-def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:
-    """A key of ``settings`` not in ``known`` is a setting of ``section`` that does not exist (``+optim.warmpu=10``)."""
-    for key, value in settings.items():
-        if key not in known and key != "_target_":
-            raise ConfigError(f"{section}.{key}", value, f"is not a setting of {section}; those are {', '.join(known)}")
-
-
-def parameters(target: Callable[..., Any]) -> list[str]:
-    """The keyword arguments ``target`` takes; through ``**options``, its base classes' too."""
-    names, classes = [], target.__mro__ if isinstance(target, type) else ()
-    for owner in classes or (target,):
-        if owner is object:
-            break
-        signature = inspect.signature(owner)
-        names += [name for name, p in signature.parameters.items() if p.kind != p.VAR_KEYWORD and name not in names]
-        if all(p.kind != p.VAR_KEYWORD for p in signature.parameters.values()):
-            break
-    return names
 
 
 def check_resolvable(cfg: DictConfig) -> None:
@@ -113,46 +95,15 @@ def check_trainer(trainer: DictConfig) -> None:
         raise ConfigError("trainer.gradient_clip_val", clip, "must be a number >= 0 (a norm to clip to) or null")
 
 
-def check_data(data: DictConfig) -> None:
-    """The data module's counts and limits; its sources, languages and splits it checks itself."""
-    for key, minimum, null in (
-        ("tokenizer_sample", 1, False),
-        ("num_workers", 0, False),
-        ("encode_workers", 1, True),
-        ("train_limit", 1, True),
-        ("eval_limit", 1, True),
-    ):
-        value = data.get(key)
-        if not (null and value is None) and not whole(value, minimum):
-            raise ConfigError(f"data.{key}", value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
-    ratio = data.get("max_len_ratio")
-    if ratio is not None and not (is_number(ratio) and ratio >= 1):
-        raise ConfigError("data.max_len_ratio", ratio, "must be a number >= 1 (or null: no ratio filter)")
-
-
-def check_lengths(data: DictConfig, model: DictConfig) -> None:
-    """Every sentence that training keeps fits in a batch, and in the model's positions when they are learned."""
-    for key in ("max_tokens", "max_len"):
-        if not whole(data[key], 1):
-            raise ConfigError(f"data.{key}", data[key], "must be a whole number of tokens >= 1")
-    if data.get("eval_max_tokens") is not None and not whole(data.eval_max_tokens, 1):
-        raise ConfigError(
-            "data.eval_max_tokens", data.eval_max_tokens, "must be a whole number of tokens >= 1 (or null)"
-        )
-    # A kept pair has at most max_len tokens per side, its end-of-sentence token included.
-    if data.max_tokens < data.max_len:
-        raise ConfigError(
-            "data.max_tokens",
-            data.max_tokens,
-            f"is smaller than the longest sentence training keeps (data.max_len={data.max_len} tokens); "
-            f"raise data.max_tokens or lower data.max_len",
-        )
-    # Learned positions are a table of max_positions rows (Table 3 row E); sinusoids and rotations extend.
-    if model.get("positional") == "learned" and whole(model.max_positions, 1) and data.max_len > model.max_positions:
+def check_positions(data: DictConfig, model: DictConfig) -> None:
+    """Every sentence training keeps fits in the model's positions when they are learned (Table 3 row E:
+    a table of ``max_positions`` rows; sinusoids and rotations extend)."""
+    max_len, positions = data.get("max_len"), model.get("max_positions")
+    if model.get("positional") == "learned" and whole(max_len, 1) and whole(positions, 1) and max_len > positions:
         raise ConfigError(
             "data.max_len",
-            data.max_len,
-            f"is longer than model.max_positions={model.max_positions} learned positions; lower it or raise those",
+            max_len,
+            f"is longer than model.max_positions={positions} learned positions; lower it or raise those",
         )
 
 
@@ -167,3 +118,34 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         raise ConfigError(
             "checkpoint.average_last", average, f"needs that many kept checkpoints; set checkpoint.keep_last>={average}"
         )
+
+
+def check_devices(accelerator: str, devices: Any) -> None:
+    """Fail before any work when ``trainer.devices`` asks for devices this machine does not have: GPUs
+    that are not visible, or more DDP processes on the CPU than it has cores."""
+    gpus = torch.cuda.device_count()
+    kind = "gpu" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus) else accelerator
+    if kind == "gpu" and not gpus:
+        raise ConfigError(
+            "trainer.accelerator", accelerator, "needs a CUDA GPU; none is visible here (use hardware=cpu)"
+        )
+    if devices in ("auto", -1, "-1"):
+        return  # every device present
+    present = gpus if kind == "gpu" else available_cpus() if kind == "cpu" else None
+    what = "GPU(s) visible" if kind == "gpu" else "CPU cores (one per process)"
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ConfigError("trainer.devices", devices, "must be a number of devices >= 1, -1 or auto (all)")
+        if present is not None and devices > present:
+            raise ConfigError("trainer.devices", devices, f"is more than the {present} {what} here")
+        return
+    try:  # a list of device indices, or Lightning's "0,1"
+        indices = [int(i) for i in (devices.split(",") if isinstance(devices, str) else devices) if str(i).strip()]
+    except (TypeError, ValueError):
+        raise ConfigError(
+            "trainer.devices", devices, "must be a number of devices, a list of indices, -1 or auto"
+        ) from None
+    if kind == "gpu" and any(not 0 <= i < gpus for i in indices):
+        raise ConfigError("trainer.devices", devices, f"names a GPU that is not among the {gpus} visible here")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pytorch_lightning as pl
@@ -10,23 +10,23 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.callbacks import gathered_from_ranks
 from aiayn.errors import ConfigError, is_number, whole
-from aiayn.loss import label_smoothed_cross_entropy
-from aiayn.model import Transformer, TransformerConfig, translate_ids
-from aiayn.model.decoding import check_decoding
-from aiayn.schedule import NoamSchedule
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig, translate_ids
 from aiayn.scoring import BLEU_SETTINGS
+from aiayn.training.distributed import gathered_from_ranks
+from aiayn.training.loss import label_smoothed_cross_entropy
+from aiayn.training.schedule import NoamSchedule
 
 
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
 
     ``model`` holds the fields of :class:`~aiayn.model.TransformerConfig`. The optimizer is Adam with
-    the paper's β1, β2, ε (§5.3); its learning rate follows :class:`~aiayn.schedule.NoamSchedule`,
-    stepped once per optimizer step. Validation and test translate by beam search with ``beam_size``,
-    length penalty ``alpha`` and at most source length + ``max_len_offset`` tokens (§6.1). ``compile``
-    runs the model's forward through ``torch.compile`` (beam search calls it eagerly).
+    the paper's β1, β2, ε (§5.3); its learning rate follows :class:`~aiayn.training.schedule.NoamSchedule`,
+    stepped once per optimizer step. Validation and test translate by beam search with the fields of
+    :class:`~aiayn.model.DecodingOptions` in ``decoding`` (§6.1; the paper's when not given). ``compile``
+    runs the model's forward through ``torch.compile`` (beam search calls it eagerly). Both arguments are
+    plain data, so that the checkpoint's hyperparameters load with ``weights_only=True``.
     """
 
     def __init__(
@@ -39,15 +39,13 @@ class TranslationModule(pl.LightningModule):
         eps: float = 1e-9,
         warmup: int = 4000,
         lr_scale: float = 1.0,
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        max_len_offset: int = 50,
+        decoding: Mapping[str, Any] | None = None,
         compile: bool = False,
     ) -> None:
         super().__init__()
         check_optimization(label_smoothing, betas, eps, warmup, lr_scale)
-        check_decoding(beam_size, alpha, max_len_offset)
-        # The loggers get the whole composed config from the run (aiayn.loggers), not these arguments.
+        self.decoding = DecodingOptions(**(decoding or {}))
+        # The loggers get the whole composed config from the run (aiayn.training.loggers), not these arguments.
         self.save_hyperparameters(logger=False)
         self.model = Transformer(TransformerConfig(**model))
         if compile:
@@ -106,10 +104,7 @@ class TranslationModule(pl.LightningModule):
         smoothed, _ = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
-        hp = self.hparams
-        hypotheses = translate_ids(
-            self.model, batch["src"], hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha, hp.max_len_offset
-        )
+        hypotheses = translate_ids(self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, self.decoding)
         text = self.detokenizer()(hypotheses)
         self.bleu[stage].update(text, [[ref] for ref in batch["references"]])
         if stage == "test":

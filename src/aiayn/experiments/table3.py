@@ -8,6 +8,8 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from aiayn.config.compose import compose_run_config
+
 # Table 3's columns: (heading, key of the composed config).
 COLUMNS = (
     ("N", "model.n_layers"),
@@ -73,8 +75,6 @@ def columns_of(cfg: DictConfig | dict[str, Any]) -> tuple[Any, ...]:
 
 def family_rows(family: str) -> dict[tuple[Any, ...], str]:
     """Table 3's columns of every ``<family>/<row>`` experiment, mapped to the row's name."""
-    from aiayn.config import compose_run_config
-
     rows: dict[tuple[Any, ...], str] = {}
     for row in ROWS:
         rows.setdefault(columns_of(compose_run_config([f"experiment={family}/{row}"])), row)

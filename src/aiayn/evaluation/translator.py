@@ -8,14 +8,14 @@ from pathlib import Path
 
 import torch
 
-from aiayn.checkpoints import load_model
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.model import Transformer, translate_ids
-from aiayn.model.decoding import check_decoding
+from aiayn.errors import ConfigError, whole
+from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
+from aiayn.training.checkpoints import load_model
 
 
 class Translator:
-    """Translates lines of raw text with beam search (``beam_size`` 1: greedy).
+    """Translates lines of raw text with beam search as ``decoding`` says (the paper's by default).
 
     Lines are encoded with the model's own BPE, sorted by length and cut into batches of at most
     ``max_tokens`` source tokens (padding included), so that short sentences are not padded to long
@@ -26,23 +26,25 @@ class Translator:
         self,
         model: Transformer,
         tokenizer: Tokenizer,
-        beam_size: int = 4,
-        alpha: float = 0.6,
-        max_len_offset: int = 50,
+        decoding: DecodingOptions = PAPER_DECODING,
         max_tokens: int = 8192,
     ) -> None:
-        check_decoding(beam_size, alpha, max_len_offset)
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens} must be >= 1")
-        self.model, self.tokenizer = model.eval(), tokenizer
-        self.beam_size, self.alpha, self.max_len_offset = beam_size, alpha, max_len_offset
+        if not whole(max_tokens, 1):
+            raise ConfigError("max_tokens", max_tokens, "must be >= 1")
+        self.model, self.tokenizer, self.decoding = model.eval(), tokenizer, decoding
         self.max_tokens = max_tokens
         self.device = next(model.parameters()).device
 
     @classmethod
-    def from_checkpoint(cls, path: Path, device: str | torch.device = "cpu", **options: int | float) -> Translator:
+    def from_checkpoint(
+        cls,
+        path: Path,
+        device: str | torch.device = "cpu",
+        decoding: DecodingOptions = PAPER_DECODING,
+        max_tokens: int = 8192,
+    ) -> Translator:
         model, tokenizer, _ = load_model(path, device)
-        return cls(model, tokenizer, **options)
+        return cls(model, tokenizer, decoding, max_tokens)
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
         """Translations of ``lines``, in the same order; errors number lines from ``first_line``."""
@@ -55,15 +57,7 @@ class Translator:
         outputs = [""] * len(lines)
         for batch in self._batches(order, ids):
             src = self._source_tensor([ids[i] for i in batch])
-            hypotheses = translate_ids(
-                self.model,
-                src,
-                self.tokenizer.bos_id,
-                self.tokenizer.eos_id,
-                self.beam_size,
-                self.alpha,
-                self.max_len_offset,
-            )
+            hypotheses = translate_ids(self.model, src, self.tokenizer.bos_id, self.tokenizer.eos_id, self.decoding)
             for i, text in zip(batch, self.tokenizer.decode(hypotheses), strict=True):
                 outputs[i] = text
         return outputs

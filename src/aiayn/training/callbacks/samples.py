@@ -12,6 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pytorch_lightning.loggers import TensorBoardLogger, WandbLogger
 
 from aiayn.data.dataset import Collator
+from aiayn.errors import ConfigError, whole
 from aiayn.model import translate_ids
 
 SAMPLE_COLUMNS = ["source", "reference", "hypothesis"]
@@ -32,10 +33,9 @@ class ValidationSamples(pl.Callback):
     """
 
     def __init__(self, n_samples: int = 8, attention_every: int = 1) -> None:
-        if n_samples < 0 or attention_every < 0:
-            raise ValueError(
-                f"dashboard.samples={n_samples} and dashboard.attention_every={attention_every} must be >= 0"
-            )
+        for key, value in (("dashboard.samples", n_samples), ("dashboard.attention_every", attention_every)):
+            if not whole(value, 0):
+                raise ConfigError(key, value, "must be a whole number >= 0")
         self.n_samples = n_samples
         self.attention_every = attention_every
         self.validations = 0
@@ -66,11 +66,8 @@ class ValidationSamples(pl.Callback):
         if not items:
             return []
         batch = collate(items)
-        hp = pl_module.hparams
-        hypotheses = translate_ids(
-            pl_module.model, batch["src"].to(pl_module.device), hp.bos_id, hp.eos_id, hp.beam_size, hp.alpha,
-            hp.max_len_offset,
-        )  # fmt: skip
+        src, hp = batch["src"].to(pl_module.device), pl_module.hparams
+        hypotheses = translate_ids(pl_module.model, src, hp.bos_id, hp.eos_id, pl_module.decoding)
         sources = tokenizer.decode([src for _, src, _ in items])
         return [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
 

@@ -7,38 +7,30 @@ an account or a network records everything too; ``wandb sync`` uploads it later.
 from __future__ import annotations
 
 import csv
-import hashlib
 import logging
 import netrc
 import os
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytorch_lightning as pl
-from omegaconf import DictConfig
+import torch
 from pytorch_lightning.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.errors import ConfigError, instantiated
-from aiayn.hardware import describe_hardware
+from aiayn.errors import ConfigError
+from aiayn.machine import device_name, matmul_precision
 from aiayn.model import count_parameters
 
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
-# Overrides that say where a run reads and writes, or how it reports, not what it trains.
-NOT_IN_RUN_NAMES = (
-    "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
-    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir",
-)  # fmt: skip
-MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
 
 
 def wandb_credentials() -> str | None:
@@ -200,53 +192,11 @@ class TensorBoardRunLogger(TensorBoardLogger):
         super().finalize(status)
 
 
-@dataclass(frozen=True)
-class RunIdentity:
-    """How a run is named and grouped on the dashboard."""
-
-    name: str
-    group: str
-
-
-def defining_overrides(overrides: Sequence[str]) -> list[str]:
-    """The overrides that change what a run trains: not where it reads and writes, nor how it reports."""
-    kept = []
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key in ("name", "tags") or key.startswith(NOT_IN_RUN_NAMES):
-            continue
-        kept.append(override)
-    return kept
-
-
-def run_identity(experiment: str, overrides: Sequence[str], group: str | None = None) -> RunIdentity:
-    """Name a run after its experiment and the overrides that change what it trains; group it by
-    ``group`` (a Hydra multirun's or a sweep's, so that their runs sit together even when they vary the
-    experiment or the model), else by experiment."""
-    kept = [override for override in defining_overrides(overrides) if not override.startswith("experiment=")]
-    return RunIdentity(name=" ".join([experiment, *kept]), group=group or experiment)
-
-
-def run_label(overrides: Sequence[str]) -> str:
-    """A folder name for a sweep's trial: ``overrides`` joined by commas (``experiment=mini_A1,seed=2``);
-    path separators become ``_``, and a label too long for a file name keeps its start and gains a hash
-    of the whole."""
-    label = ",".join(overrides).replace(os.sep, "_") or "defaults"
-    if len(label.encode()) > MAX_LABEL_BYTES:
-        digest = hashlib.sha1(label.encode()).hexdigest()[:10]
-        label = label.encode()[: MAX_LABEL_BYTES - 11].decode(errors="ignore") + "-" + digest
-    return label
-
-
-def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
-    """The CSV logger (``<run_dir>/csv/metrics.csv``) and the loggers of the ``logger`` config group."""
-    loggers: list[Logger] = [RunCSVLogger(str(run_dir), name="csv", version="")]
-    for key, spec in logger_cfg.items():
-        extra: dict[str, Any] = {"save_dir": str(run_dir)}
-        if key == "wandb":
-            extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
-        loggers.append(instantiated(spec, **extra))
-    return loggers
+def metrics_flushed_at(trainer: pl.Trainer, step: int) -> bool:
+    """Whether Lightning sends the step metrics to the loggers once the optimizer has made ``step``
+    steps: at multiples of ``trainer.log_every_n_steps``, never in the middle of an accumulation."""
+    n = trainer.log_every_n_steps
+    return n > 0 and step % n == 0
 
 
 def log_run_config(
@@ -306,3 +256,20 @@ def finish_loggers(loggers: Sequence[Logger], failed: bool, summary: dict[str, A
                 logger.finalize("failed" if failed else "success")
         except Exception:
             log.exception("could not finish the %s logger", type(logger).__name__)
+
+
+def describe_hardware(trainer: pl.Trainer) -> dict[str, Any]:
+    """Devices, precision and software versions of a run, as the dashboard shows them."""
+    device = trainer.strategy.root_device
+    return {
+        "accelerator": device.type,
+        "device": device_name(device),
+        "devices_per_node": trainer.num_devices,
+        "num_nodes": trainer.num_nodes,
+        "world_size": trainer.world_size,
+        "precision": str(trainer.precision),
+        "matmul_precision": matmul_precision(str(trainer.precision)),
+        "cpu_cores": os.cpu_count(),
+        "torch": str(torch.__version__),
+        "cuda": torch.version.cuda,
+    }

@@ -1,0 +1,137 @@
+"""A composed config → the pieces of a run: the model's and the module's arguments, decoding options,
+the data module, the trainer's arguments and the loggers; and the translation of the model layer's
+:class:`~aiayn.errors.FieldError` into the :class:`~aiayn.errors.ConfigError` that names the key."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hydra.errors import InstantiationException
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from pytorch_lightning.loggers import Logger
+
+from aiayn.config.naming import RunIdentity
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.errors import ConfigError, DataError, FieldError
+from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.training.loggers import RunCSVLogger
+
+# TransformerConfig's fields that a config sets outside ``model``: the vocabulary is the corpus's.
+MODEL_FIELD_KEYS = {"vocab_size": "data.vocab_size"}
+_FIELD = re.compile(r"(?<![\w.])([a-z_]+)=")  # a field named in a message: "positional=sinusoidal"
+
+
+@contextmanager
+def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator[None]:
+    """A :class:`~aiayn.errors.FieldError` raised inside becomes a :class:`~aiayn.errors.ConfigError` of
+    the key ``<section>.<field>`` (or ``keys[field]``); fields its message names are prefixed alike
+    (``d_model=511 must be even for positional=sinusoidal`` → ``model.d_model=511 must be even for
+    model.positional=sinusoidal``)."""
+    keys = keys or {}
+    try:
+        yield
+    except FieldError as error:
+        allowed = _FIELD.sub(lambda m: keys.get(m.group(1), f"{section}.{m.group(1)}") + "=", error.allowed)
+        raise ConfigError(keys.get(error.field, f"{section}.{error.field}"), error.value, allowed) from None
+
+
+def called_with(section: str, function: Callable[..., Any], settings: Mapping[str, Any]) -> None:
+    """``function(**settings)``, after :func:`check_known`."""
+    check_known(section, settings, *inspect.signature(function).parameters)
+    function(**settings)
+
+
+def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:
+    """A key of ``settings`` not in ``known`` is a setting of ``section`` that does not exist (``+optim.warmpu=10``)."""
+    for key, value in settings.items():
+        if key not in known and key != "_target_":
+            raise ConfigError(f"{section}.{key}", value, f"is not a setting of {section}; those are {', '.join(known)}")
+
+
+def parameters(target: Callable[..., Any]) -> list[str]:
+    """The keyword arguments ``target`` takes; through ``**options``, its base classes' too."""
+    names, classes = [], target.__mro__ if isinstance(target, type) else ()
+    for owner in classes or (target,):
+        if owner is object:
+            break
+        signature = inspect.signature(owner)
+        names += [name for name, p in signature.parameters.items() if p.kind != p.VAR_KEYWORD and name not in names]
+        if all(p.kind != p.VAR_KEYWORD for p in signature.parameters.values()):
+            break
+    return names
+
+
+def model_config(cfg: DictConfig) -> dict[str, Any]:
+    """The fields of :class:`~aiayn.model.TransformerConfig`: ``model.*`` (but ``model.compile``, which
+    says how to run the model, not what it is) plus the vocabulary of ``data``."""
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("compile", None)
+    return {**model, "vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
+
+
+def transformer_config(cfg: DictConfig) -> TransformerConfig:
+    """The model ``cfg`` describes; a field it cannot take is a :class:`ConfigError` naming its key."""
+    with config_keys("model", MODEL_FIELD_KEYS):
+        return TransformerConfig(**model_config(cfg))
+
+
+def decoding_options(decoding: DictConfig | Mapping[str, Any]) -> DecodingOptions:
+    """The ``decoding`` section as :class:`~aiayn.model.DecodingOptions`, checked (``decoding.<field>=...``)."""
+    settings = OmegaConf.to_container(decoding, resolve=True) if isinstance(decoding, DictConfig) else dict(decoding)
+    check_known("decoding", settings, *parameters(DecodingOptions))
+    with config_keys("decoding"):
+        return DecodingOptions(**settings)
+
+
+def compile_flag(value: Any) -> bool:
+    """``model.compile``, which must be true or false (a string such as "no" is not taken for true)."""
+    if not isinstance(value, bool):
+        raise ConfigError("model.compile", value, "must be true or false")
+    return value
+
+
+def module_kwargs(cfg: DictConfig) -> dict[str, Any]:
+    """Arguments of :class:`~aiayn.training.module.TranslationModule` from ``model``, ``optim`` and ``decoding``."""
+    return {
+        "model": model_config(cfg),
+        "compile": compile_flag(cfg.model.get("compile", False)),
+        "bos_id": BOS_ID,
+        "eos_id": EOS_ID,
+        **OmegaConf.to_container(cfg.optim, resolve=True),
+        "decoding": decoding_options(cfg.decoding).to_dict(),
+    }
+
+
+def instantiated(spec: DictConfig, **kwargs: Any) -> Any:
+    """``hydra.utils.instantiate``, but a target's own :class:`ConfigError` or :class:`DataError` (a
+    one-line message naming the key and the fix) is raised as it is, not wrapped into Hydra's exception
+    with its traceback."""
+    try:
+        return instantiate(spec, **kwargs)
+    except InstantiationException as error:
+        if isinstance(error.__cause__, ConfigError | DataError):
+            raise error.__cause__ from None
+        raise
+
+
+def trainer_options(trainer: DictConfig) -> dict[str, Any]:
+    """The ``pl.Trainer`` arguments of ``trainer``; ``strategy`` and ``plugins`` entries with a
+    ``_target_`` (as in ``hardware/*.yaml``) become the objects they name."""
+    return instantiate(trainer, _convert_="all")
+
+
+def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
+    """The CSV logger (``<run_dir>/csv/metrics.csv``) and the loggers of the ``logger`` config group."""
+    loggers: list[Logger] = [RunCSVLogger(str(run_dir), name="csv", version="")]
+    for key, spec in logger_cfg.items():
+        extra: dict[str, Any] = {"save_dir": str(run_dir)}
+        if key == "wandb":
+            extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
+        loggers.append(instantiated(spec, **extra))
+    return loggers

@@ -1,0 +1,51 @@
+"""Where the Hydra configs live, composing one as the console scripts do, and the resolvers they name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from aiayn.config.naming import experiment_name, run_dir, sweep_dir
+
+
+def config_dir() -> str:
+    """``aiayn/conf`` inside an installed wheel, else the repository's top-level ``conf/``."""
+    package = Path(__file__).resolve().parents[1]  # aiayn/
+    packaged = package / "conf"
+    if packaged.is_dir():
+        return str(packaged)
+    return str(package.parents[1] / "conf")
+
+
+def compose_config(config_name: str = "train", overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose a config of conf/ as the console scripts do (Hydra's compose API), the ``hydra`` node
+    included. Hydra raises for unknown keys, groups and options."""
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+
+
+def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """The training config as ``aiayn-train``'s job sees it, resolved: ``${hydra:...}`` interpolations
+    are filled in from Hydra's runtime state, which is then cleared again, and the ``hydra`` node is
+    removed."""
+    cfg = compose_config("train", overrides)
+    HydraConfig.instance().set_config(cfg)
+    try:
+        with open_dict(cfg):
+            del cfg["hydra"]
+        OmegaConf.resolve(cfg)
+    finally:
+        HydraConfig.instance().cfg = None
+    return cfg
+
+
+# conf/train.yaml names these; registered on import, before any entry point composes its config.
+OmegaConf.register_new_resolver("aiayn.experiment_name", experiment_name, replace=True)
+OmegaConf.register_new_resolver("aiayn.sweep_dir", sweep_dir, replace=True)
+# Cached: the folder is chosen once per run; Lightning reads it again when it starts the DDP ranks, and
+# resume=true must not then pick another run's folder.
+OmegaConf.register_new_resolver("aiayn.run_dir", run_dir, replace=True, use_cache=True)

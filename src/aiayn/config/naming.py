@@ -1,0 +1,117 @@
+"""How a run is named and where it is written: its folder, its name and group on the dashboard.
+
+Hydra chooses a run's folder while it composes the config (``hydra.run.dir`` in conf/train.yaml calls
+:func:`run_dir` through the ``aiayn.run_dir`` resolver), so the naming sits in the config layer, and the
+sweeps and reports above it name their trials and group their runs with the same functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
+RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
+# Overrides that say where a run reads and writes, or how it reports, not what it trains.
+NOT_IN_RUN_NAMES = (
+    "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
+    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir",
+)  # fmt: skip
+MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
+
+
+def experiment_name(experiment: str | None, model: str, data: str) -> str:
+    """The name of a run (its folder under ``outputs/``, its dashboard name): the experiment's path with
+    ``/`` as ``_`` (``experiment=table3/A1`` is ``table3_A1``), else ``<model>_<data>``. An experiment
+    file may set ``name:`` itself; a copied file that does not still gets a name of its own."""
+    return experiment.replace("/", "_") if experiment else f"{model}_{data}"
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """How a run is named and grouped on the dashboard."""
+
+    name: str
+    group: str
+
+
+def defining_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides that change what a run trains: not where it reads and writes, nor how it reports."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key in ("name", "tags") or key.startswith(NOT_IN_RUN_NAMES):
+            continue
+        kept.append(override)
+    return kept
+
+
+def run_identity(experiment: str, overrides: Sequence[str], group: str | None = None) -> RunIdentity:
+    """Name a run after its experiment and the overrides that change what it trains; group it by
+    ``group`` (a Hydra multirun's or a sweep's, so that their runs sit together even when they vary the
+    experiment or the model), else by experiment."""
+    kept = [override for override in defining_overrides(overrides) if not override.startswith("experiment=")]
+    return RunIdentity(name=" ".join([experiment, *kept]), group=group or experiment)
+
+
+def run_label(overrides: Sequence[str]) -> str:
+    """A folder name for a sweep's trial: ``overrides`` joined by commas (``experiment=mini_A1,seed=2``);
+    path separators become ``_``, and a label too long for a file name keeps its start and gains a hash
+    of the whole."""
+    label = ",".join(overrides).replace(os.sep, "_") or "defaults"
+    if len(label.encode()) > MAX_LABEL_BYTES:
+        digest = hashlib.sha1(label.encode()).hexdigest()[:10]
+        label = label.encode()[: MAX_LABEL_BYTES - 11].decode(errors="ignore") + "-" + digest
+    return label
+
+
+def sweep_dir() -> str | None:
+    """The folder of the sweep this process is a trial of: ``$AIAYN_SWEEP_DIR`` (aiayn-sweep), else
+    ``outputs/sweeps/<sweep id>`` under ``wandb agent`` (which sets ``WANDB_SWEEP_ID``), else None."""
+    if os.environ.get(SWEEP_DIR_ENV):
+        return os.environ[SWEEP_DIR_ENV]
+    if os.environ.get("WANDB_SWEEP_ID"):
+        return f"outputs/sweeps/{os.environ['WANDB_SWEEP_ID']}"
+    return None
+
+
+def sweep_parameters() -> set[str] | None:
+    """The parameters a sweep sets for this trial: the keys of the file ``wandb agent`` names in
+    ``$WANDB_SWEEP_PARAM_PATH``; None outside a sweep or when it is unreadable."""
+    path = os.environ.get("WANDB_SWEEP_PARAM_PATH")
+    try:
+        params = yaml.safe_load(Path(path).read_text()) if path else None
+    except (OSError, yaml.YAMLError):
+        return None
+    return set(params) if isinstance(params, dict) else None
+
+
+def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, resume: Any = None) -> str:
+    """A run's folder: the one aiayn-sweep chose for its trial (``$AIAYN_RUN_DIR``: a trial run again
+    continues there from its last checkpoint); under ``wandb agent``, ``<sweep>/<the overrides the sweep
+    sets>-<W&B run id>`` (random and bayes may propose one setting twice); with ``resume=true``, the
+    latest earlier run of ``name`` that has a last checkpoint (:func:`latest_run`); else
+    ``outputs/<name>/<start time>``."""
+    if os.environ.get(RUN_DIR_ENV):
+        return os.environ[RUN_DIR_ENV]
+    if sweep:
+        swept = sweep_parameters()
+        chosen = [o for o in overrides if o.split("=", 1)[0] in swept] if swept else defining_overrides(overrides)
+        run_id = os.environ.get("WANDB_RUN_ID")
+        return str(Path(sweep) / (run_label(chosen) + (f"-{run_id}" if run_id else "")))
+    fresh = f"outputs/{name}/{now}"
+    if resume is True:
+        return str(latest_run(Path(fresh).parent) or fresh)
+    return fresh
+
+
+def latest_run(runs: Path) -> Path | None:
+    """The run folder under ``runs`` whose ``checkpoints/last.ckpt`` was written last, or None."""
+    found = [(last.stat().st_mtime_ns, last.parents[1]) for last in runs.glob("*/checkpoints/last.ckpt")]
+    return max(found)[1] if found else None

@@ -1,0 +1,87 @@
+"""The checkpoints a run writes into ``<run>/checkpoints/``: ``last.ckpt`` (:class:`LastCheckpoint`, its
+one owner), ``best.ckpt`` (the best validation score so far) and ``step<N>.ckpt`` (the newest few, for
+averaging, §6.1). Every write goes through :class:`~aiayn.training.checkpoints.AtomicCheckpointIO`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
+
+from aiayn.training.checkpoints import STEP_NAME
+
+
+class LastCheckpoint(Checkpoint):
+    """The one writer of ``<folder>/last.ckpt``: the whole training state (weights, Adam's moments, the
+    schedule, the loops' progress, the loader's position in the epoch, every callback's state), from
+    which a run continues.
+
+    Its life cycle, all of it here:
+
+    1. **At every validation of a fit**, after the validation: the checkpoint holds that validation's
+       results (and the best-checkpoint tracker's), so a run continued from it repeats no validation.
+    2. **Inside the training loop, at the step the run stops**: ``max_steps`` reached, a callback's
+       request to stop (the ``trainer.max_time`` timer), or a scheduler's signal
+       (:class:`~aiayn.training.callbacks.preemption.Preemption` calls :meth:`save_in_loop`). Saved
+       there, the loader's position and the progress counters are those of the middle of the epoch, so
+       a continued run goes on with the next batch; a checkpoint saved after ``fit`` returns marks the
+       epoch as finished instead.
+    3. **After fit**, when the loop ended without (2) at its last step (an epoch limit):
+       :meth:`after_fit`.
+
+    Each write replaces the file atomically: a process killed while writing leaves the previous one.
+    Nothing deletes it. The next process in the same folder (a restarted or requeued run) or
+    ``resume=<path>`` reads it after :func:`~aiayn.training.checkpoints.check_resumable`;
+    :class:`~aiayn.training.callbacks.faults.NonFiniteGuard` names it as the last good state when it
+    stops a diverged run. As a :class:`~pytorch_lightning.callbacks.Checkpoint` it runs after the other
+    callbacks (their state then includes the step, and it sees the timer's request to stop).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.path = Path(folder) / "last.ckpt"
+        self.loop_step: int | None = None  # the step of the last save from inside the training loop
+
+    def save(self, trainer: pl.Trainer) -> None:
+        """Write the whole training state now. Every DDP rank calls it (rank 0 writes)."""
+        trainer.save_checkpoint(self.path, weights_only=False)
+
+    def save_in_loop(self, trainer: pl.Trainer) -> None:
+        """(2): write it from inside the training loop, once per step."""
+        if self.loop_step != trainer.global_step:
+            self.save(trainer)
+            self.loop_step = trainer.global_step
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.save(trainer)
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step or trainer.should_stop:
+            self.save_in_loop(trainer)
+
+    def after_fit(self, trainer: pl.Trainer) -> None:
+        """(3): once ``fit`` has returned, write it unless the loop did at its last step."""
+        if self.loop_step != trainer.global_step:
+            self.save(trainer)
+
+
+def validation_checkpoints(
+    folder: Path, monitor: str, mode: str, keep_last: int
+) -> tuple[ModelCheckpoint, LastCheckpoint, ModelCheckpoint]:
+    """The checkpoints written at validations, in the order they run: ``best.ckpt`` (``monitor`` at its
+    ``mode``), :class:`LastCheckpoint`, and the newest ``keep_last`` ``step<N>.ckpt`` ("top k" by step
+    keeps the newest). All at validations only: an end-of-epoch save would mark the epoch done, not
+    resumable in its middle; and a continued run rewrites its own files, never ``best-v1.ckpt``."""
+    options: dict[str, Any] = {
+        "dirpath": folder,
+        "auto_insert_metric_name": False,
+        "enable_version_counter": False,
+        "save_on_train_epoch_end": False,
+    }
+    best = ModelCheckpoint(filename="best", monitor=monitor, mode=mode, save_top_k=1, **options)
+    steps = ModelCheckpoint(filename=STEP_NAME, monitor="step", mode="max", save_top_k=keep_last, **options)
+    return best, LastCheckpoint(folder), steps

@@ -1,0 +1,55 @@
+"""What a run prints while it trains: Rich's progress bar with the run's vital signs, or (``quiet``: CI,
+SLURM and nohup logs) one log line per validation."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import pytorch_lightning as pl
+from pytorch_lightning.callbacks import RichProgressBar
+
+from aiayn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+PROGRESS_NAMES = {"train/loss": "loss", "train/tokens_per_s": "tok/s", "val/bleu": "BLEU"}
+PROGRESS_STYLES = ("auto", "rich", "tqdm", "quiet")  # quiet: no bar, one log line per validation (CI logs)
+
+
+def progress_style(requested: str) -> str:
+    """``rich``, ``tqdm`` or ``quiet``; ``auto`` is the rich bar on a terminal and quiet elsewhere (CI,
+    SLURM and nohup logs, where a bar would print nothing until its end, or a line per refresh)."""
+    if requested not in PROGRESS_STYLES:
+        raise ConfigError("progress", requested, f"is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
+    if requested == "auto":
+        return "rich" if sys.stdout.isatty() else "quiet"
+    return requested
+
+
+def progress_callbacks(style: str) -> list[pl.Callback]:
+    """The callbacks that show a run's progress in ``style`` (:func:`progress_style`'s; tqdm is Lightning's own bar)."""
+    return {"rich": [RunProgressBar()], "tqdm": [], "quiet": [ValidationReport()]}[style]
+
+
+class ValidationReport(pl.Callback):
+    """One log line per validation (step, loss, perplexity, BLEU, tokens/s): the quiet mode's progress,
+    readable in CI logs where progress bars are noise."""
+
+    KEYS = ("val/loss", "val/ppl", "val/bleu", "train/tokens_per_s")
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        metrics = trainer.callback_metrics
+        values = ", ".join(f"{key} {float(metrics[key]):.4g}" for key in self.KEYS if key in metrics)
+        log.info("step %d: %s", trainer.global_step, values)
+
+
+class RunProgressBar(RichProgressBar):
+    """Rich's progress bar showing the run's vital signs under short names: the training loss, tokens
+    per second and the latest validation BLEU."""
+
+    def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
+        metrics = super().get_metrics(trainer, pl_module)
+        return {PROGRESS_NAMES.get(key, key): value for key, value in metrics.items() if key != "v_num"}

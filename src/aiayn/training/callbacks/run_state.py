@@ -1,0 +1,64 @@
+"""What every checkpoint of a run carries beyond Lightning's own state: the random generators' states
+(so that a resumed run draws the dropout masks an uninterrupted one would) and the run's config and
+tokenizer (so that one ``.ckpt`` file is enough to translate)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+
+from aiayn.training.checkpoints import RUN_KEY
+from aiayn.training.distributed import gathered_from_ranks, own_share
+
+
+class RandomState(pl.Callback):
+    """Keeps the random number generators' states in checkpoints and restores them on resume.
+
+    Dropout draws from them: without this, a resumed run would draw other masks than an uninterrupted
+    one and end with other weights. The states are stored as tensors and ints, which
+    ``torch.load(weights_only=True)`` accepts. Each DDP rank keeps and restores its own states.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        _, keys, position, has_gauss, gauss = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "rest": [position, has_gauss, gauss]},
+            "python": random.getstate(),
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()  # this rank's device
+        return {"ranks": gathered_from_ranks(state)}
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        state = own_share(saved["ranks"])
+        torch.set_rng_state(state["torch"])
+        position, has_gauss, gauss = state["numpy"]["rest"]
+        np.random.set_state(("MT19937", state["numpy"]["keys"].numpy().astype(np.uint32), position, has_gauss, gauss))
+        version, internal, gauss_next = state["python"]
+        random.setstate((version, tuple(internal), gauss_next))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+class SelfContainedCheckpoints(pl.Callback):
+    """Stores the run's resolved config and the tokenizer in every checkpoint (under ``RUN_KEY``).
+
+    With them one ``.ckpt`` file is enough for ``aiayn-translate`` and ``aiayn-eval``: the model is
+    rebuilt from the hyperparameters, the text is encoded with the very BPE model it was trained on.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self._tokenizer: bytes | None = None
+
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self._tokenizer is None:
+            self._tokenizer = trainer.datamodule.tokenizer.to_bytes()
+        checkpoint[RUN_KEY] = {"config": self.config, "tokenizer": self._tokenizer}

@@ -1,0 +1,54 @@
+"""What the DDP ranks of a run exchange: sums and maxima of a few numbers, and whole Python objects.
+
+Every function is a collective under DDP: all ranks call it at the same point, or the run hangs. In a
+single process each returns its own input. Tensors travel on ``device``, the one the process group
+communicates on (the module's: a GPU under NCCL, the CPU under gloo).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def distributed() -> bool:
+    """Whether this process is one of several DDP ranks."""
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def summed_over_ranks(values: Sequence[float] | torch.Tensor, device: torch.device | str = "cpu") -> list[float]:
+    """Each of ``values`` summed over the ranks (in float64: token counts outgrow float32's integers)."""
+    return _all_reduce(values, device, torch.distributed.ReduceOp.SUM)
+
+
+def max_over_ranks(values: Sequence[float] | torch.Tensor, device: torch.device | str = "cpu") -> list[float]:
+    """Each of ``values`` at its largest over the ranks: a flag any rank raised (1.0) reaches them all."""
+    return _all_reduce(values, device, torch.distributed.ReduceOp.MAX)
+
+
+def _all_reduce(values: Sequence[float] | torch.Tensor, device: torch.device | str, op: Any) -> list[float]:
+    if not distributed() or torch.distributed.get_world_size() == 1:
+        # A single process reads its own values back: no float64 tensor on a device that may lack them (MPS).
+        return [float(value) for value in (values.tolist() if isinstance(values, torch.Tensor) else values)]
+    tensor = torch.as_tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(tensor, op=op)
+    return tensor.tolist()
+
+
+def gathered_from_ranks(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order (as Lightning's checkpoint saving is: every rank builds the
+    checkpoint, rank 0 writes it); ``[value]`` in a single process."""
+    if not distributed():
+        return [value]
+    values: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(values, value)
+    return values
+
+
+def own_share(values: list[Any]) -> Any:
+    """This rank's entry of :func:`gathered_from_ranks`'s list; rank 0's when the run was saved on fewer
+    ranks than it resumes on."""
+    rank = torch.distributed.get_rank() if distributed() else 0
+    return values[rank] if rank < len(values) else values[0]

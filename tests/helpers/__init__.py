@@ -1,0 +1,1 @@
+"""Test helpers: a batch recorder for real runs, a reader of offline W&B runs, reference decoders."""
