@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from pytorch_lightning.plugins.environments import SLURMEnvironment
@@ -67,8 +68,11 @@ def test_slurm_renders_a_submitit_job_of_nodes_times_gpus(tmp_path: Path, monkey
         "train",
         ["hardware=slurm", "trainer.num_nodes=2", "experiment=paper/base_wmt14_en_de", "hydra.launcher.partition=gpu"],
     )
-    launcher = instantiate(cfg.hydra.launcher)
-    params = dict(launcher.params)
+    HydraConfig.instance().set_config(cfg)  # as Hydra sets it before it starts the launcher
+    try:
+        params = dict(instantiate(cfg.hydra.launcher).params)
+    finally:
+        HydraConfig.instance().cfg = None
     assert params["nodes"] == 2 and params["tasks_per_node"] == params["gpus_per_node"] == 8
     executor = submitit.AutoExecutor(folder=tmp_path, cluster="slurm", slurm_max_num_timeout=params["max_num_timeout"])
     base = set(OmegaConf.structured(BaseQueueConf).keys())

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from aiayn.config.compose import compose_config
+from aiayn.config.compose import compose_run_config
 from aiayn.config.naming import run_dir
 from aiayn.experiments.sweep import (
     ARGS_MACRO,
@@ -59,7 +59,7 @@ def test_sweep_file_parses_and_every_trial_composes(path: Path) -> None:
         command = trial_command(config, params)
         assert command[:2] == ["/usr/bin/env", "aiayn-train"]
         assert command[-len(params) :] == [f"{key}={value}" for key, value in params.items()]
-        cfg = compose_config("train", command_overrides(command))
+        cfg = compose_run_config(command_overrides(command))  # resolved, as the trial's job sees it
         assert cfg.name.startswith(f"{family}_") and cfg.seed == params["seed"]
         assert all(OmegaConf.select(cfg, key) == value for key, value in params.items() if key != "experiment")
 
