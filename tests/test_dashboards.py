@@ -27,19 +27,16 @@ from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
 from aiayn.training.callbacks.progress import progress_style
 from aiayn.training.callbacks.samples import ascii_label, attention_image
 from aiayn.training.loggers import RunCSVLogger, TensorBoardRunLogger, WandbRunLogger, wandb_mode
+from helpers.runs import smoke_run
 from helpers.wandb_records import offline_runs
 
 KINDS = ("encoder_self", "decoder_self", "cross")
 
 
 def tiny_run(root: Path, cache: Path, *extra: str) -> list[str]:
-    """A run of seconds: 12 optimizer steps of the tiny model, validating after steps 6 and 12."""
-    return [
-        "model=tiny", f"data.root={root}", f"data.cache_dir={cache}", "data.vocab_size=1000",
-        "data.train_limit=400", "data.eval_limit=16", "data.max_tokens=800", "trainer.max_steps=12",
-        "trainer.val_check_interval=6", "trainer.check_val_every_n_epoch=null", "trainer.log_every_n_steps=2",
-        "optim.warmup=10", "checkpoint.keep_last=2", "checkpoint.average_last=2", "progress=quiet", *extra,
-    ]  # fmt: skip
+    """The smoke run (12 optimizer steps of the tiny model, validating after steps 6 and 12) with the
+    dashboards on: W&B, attention maps at every validation."""
+    return smoke_run(root, cache, "logger=wandb", "dashboard.attention_every=1", *extra)
 
 
 @pytest.mark.slow
@@ -54,7 +51,7 @@ def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
     (run,) = offline_runs(tmp_path / "wandb")
     assert run.exit_code == 0
     # named by what changes the model, not by where data or output live or how the run reports
-    left_out = ("data.root", "data.cache_dir", "progress", "dashboard", "peak_tflops")
+    left_out = ("data.root", "data.cache_dir", "progress", "dashboard", "peak_tflops", "logger")
     defining = [o for o in overrides if not o.startswith(left_out)]
     assert run.name == " ".join(["tiny_multi30k_en_de", *defining]) and "seed=3" in defining
     assert run.group == "tiny_multi30k_en_de" and run.tags == ["tiny", "multi30k_en_de", "cpu"]

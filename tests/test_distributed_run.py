@@ -16,28 +16,16 @@ from aiayn.config.compose import compose_run_config
 from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
 from aiayn.experiments.run import train
 from helpers.batch_recorder import recorded
+from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
 
 
 def small_run(root: Path, cache: Path) -> list[str]:
-    return [
-        "model=tiny",
-        f"data.root={root}",
-        f"data.cache_dir={cache}",
-        "data.vocab_size=1000",
-        "data.train_limit=400",
-        "data.eval_limit=24",
-        "data.max_tokens=500",
-        "logger=none",
-        "progress=quiet",
-        "decoding=greedy",
-        "dashboard.attention_every=0",
-        "checkpoint.average_last=0",
-        "trainer.log_every_n_steps=2",
-        "model.dropout=0.3",  # each rank draws its own dropout masks: resuming must restore each rank's state
-    ]
+    """Each rank draws its own dropout masks: resuming must restore each rank's state. 400 pairs give each
+    of 2 ranks more than 8 batches of an epoch."""
+    return resumable_run(root, cache, pairs=400, eval_pairs=24, log_every=2, deterministic=False)
 
 
 def ddp_train(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:

@@ -20,11 +20,11 @@ import pytest
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from aiayn.cli.common import reported_run_errors
 from aiayn.cli import train as train_cli
+from aiayn.cli.common import reported_run_errors
 from aiayn.training.checkpoints import save_checkpoint
 from helpers.batch_recorder import recorded
-from test_resume import settings
+from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     signum: signal.Signals, tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
     # validations every 3 steps: the signal usually lands at step 6, which validates before the run stops
-    overrides = settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
+    overrides = resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
     whole = finish(tmp_path / "whole", overrides)
 
     run_dir = tmp_path / "run"
@@ -122,7 +122,7 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
 def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_weights(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
-    overrides = settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
+    overrides = resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
     finish(tmp_path / "whole", overrides)
 
     seed = random.randrange(1 << 30)
@@ -198,7 +198,7 @@ def test_a_truncated_checkpoint_is_refused_and_the_previous_one_is_named(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     run_dir = tmp_path / "run"
-    overrides = [*settings(multi30k_root, cache_dir, "checkpoint.every_steps=3"), f"hydra.run.dir={run_dir}"]
+    overrides = [*resumable_run(multi30k_root, cache_dir, "checkpoint.every_steps=3"), f"hydra.run.dir={run_dir}"]
     assert in_process([*overrides, "trainer.max_steps=6"], monkeypatch) == 0
     last, step6 = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "step0000006.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a disk that lost the end of the file
@@ -221,7 +221,7 @@ def test_a_foreign_or_mismatched_checkpoint_is_refused(
     monkeypatch.chdir(tmp_path)
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "optimizer_states": [], "loops": {}, "args": argparse.Namespace(lr=0.1)}, foreign)
-    base = settings(multi30k_root, cache_dir, "trainer.max_steps=2")
+    base = resumable_run(multi30k_root, cache_dir, "trainer.max_steps=2")
     assert in_process([*base, f"resume={foreign}"], monkeypatch) == 2
     assert "holds argparse.Namespace objects" in capsys.readouterr().err
 
@@ -237,7 +237,7 @@ def test_resume_true_continues_the_latest_run_of_the_experiment(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    base = settings(multi30k_root, cache_dir)
+    base = resumable_run(multi30k_root, cache_dir)
     assert in_process([*base, "trainer.max_steps=3"], monkeypatch) == 0
     (first,) = (tmp_path / "outputs" / "tiny_multi30k_en_de").iterdir()
     crashed = tmp_path / "outputs" / "tiny_multi30k_en_de" / "2999-01-01_00-00-00"  # newer, never checkpointed
@@ -252,7 +252,7 @@ def test_resume_true_continues_the_latest_run_of_the_experiment(
 def test_a_signal_to_the_first_ddp_rank_stops_both_ranks_at_one_step(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
-    overrides = ["hardware=cpu_ddp", *settings(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}")]
+    overrides = ["hardware=cpu_ddp", *resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}")]
     run_dir = tmp_path / "run"
     process = start(run_dir, overrides, pause=0.3)
     wait_for_batches(run_dir, process, 5)

@@ -12,11 +12,11 @@ import pytest
 import pytorch_lightning as pl
 import torch
 
+from aiayn.cli import train as train_cli
 from aiayn.config.compose import compose_run_config
 from aiayn.experiments.run import train
-from aiayn.cli import train as train_cli
 from aiayn.training.module import TranslationModule
-from test_resume import settings
+from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def test_a_step_with_a_non_finite_loss_is_skipped_and_counted(
     how: str, tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     poison(monkeypatch, {3, 4}, how)
-    overrides = settings(multi30k_root, cache_dir, "trainer.max_steps=8")
+    overrides = resumable_run(multi30k_root, cache_dir, "trainer.max_steps=8")
     watch = WeightWatch()
     results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[watch])
     assert results["skipped_steps"] == 2 and results["overflow_steps"] == 0 and results["steps"] == 8
@@ -86,7 +86,7 @@ def test_non_finite_losses_in_a_row_stop_the_run_and_keep_the_last_good_checkpoi
     poison(monkeypatch, set(range(6, 100)), "times")
     monkeypatch.chdir(tmp_path)
     argv = [
-        *settings(multi30k_root, cache_dir, "trainer.max_steps=20", "checkpoint.every_steps=4"),
+        *resumable_run(multi30k_root, cache_dir, "trainer.max_steps=20", "checkpoint.every_steps=4"),
         "max_nonfinite_steps=3", "checkpoint.keep_last=0", "hydra/job_logging=none", "hydra/hydra_logging=none",
         f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
@@ -122,7 +122,7 @@ def test_fp16_overflow_steps_are_skipped_by_the_scaler_and_counted(
 ) -> None:
     # Lightning turns precision=16-mixed into bf16 on the CPU; its fp16 plugin with a CPU scaler is the real thing.
     plugin = "{_target_:pytorch_lightning.plugins.MixedPrecision,precision:16-mixed,device:cpu}"
-    overrides = settings(
+    overrides = resumable_run(
         multi30k_root, cache_dir, "trainer.max_steps=6", "trainer.precision=null", f"+trainer.plugins=[{plugin}]"
     )
     watch = WeightWatch()
@@ -138,7 +138,7 @@ def test_a_non_finite_micro_batch_skips_its_whole_accumulated_step(
 ) -> None:
     poison(monkeypatch, {2}, "plus")  # both micro-batches of step 2: the step is skipped once, not twice
     extra = ("trainer.max_steps=5", "trainer.accumulate_grad_batches=2", "trainer.gradient_clip_val=1.0")
-    overrides = settings(multi30k_root, cache_dir, *extra)
+    overrides = resumable_run(multi30k_root, cache_dir, *extra)
     results = train(compose_run_config(overrides), tmp_path / "run", overrides)
     assert results["skipped_steps"] == 1 and results["steps"] == 5
     adam = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]

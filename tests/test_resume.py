@@ -11,29 +11,9 @@ import torch
 from aiayn.config.compose import compose_run_config
 from aiayn.experiments.run import train
 from helpers.batch_recorder import BatchRecorder, recorded
+from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
-
-
-def settings(root: Path, cache: Path, *extra: str) -> list[str]:
-    return [
-        "model=tiny",
-        f"data.root={root}",
-        f"data.cache_dir={cache}",
-        "data.vocab_size=1000",
-        "data.train_limit=200",
-        "data.eval_limit=16",
-        "data.max_tokens=500",
-        "logger=none",
-        "progress=quiet",
-        "decoding=greedy",
-        "dashboard.attention_every=0",
-        "checkpoint.average_last=0",
-        "trainer.log_every_n_steps=1",
-        "trainer.deterministic=true",
-        "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones
-        *extra,
-    ]
 
 
 def run(tmp: Path, name: str, overrides: list[str]) -> tuple[dict, Path]:
@@ -69,7 +49,7 @@ class StopAtStep(pl.Callback):
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path, stop: int | str, how: str, extra: list[str]
 ) -> None:
-    base = settings(multi30k_root, cache_dir, *extra)
+    base = resumable_run(multi30k_root, cache_dir, *extra)
     whole, whole_dir = run(tmp_path, "whole", [*base, "trainer.max_steps=16"])
     records = recorded(whole_dir)
     per_epoch = max(record["step"] for record in records if record["epoch"] == 0) + 1  # optimizer steps
@@ -103,7 +83,7 @@ def test_a_run_folder_with_a_last_checkpoint_continues_from_it(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
     """What a requeued SLURM job does: the same command, the same folder, no resume key."""
-    base = settings(multi30k_root, cache_dir)
+    base = resumable_run(multi30k_root, cache_dir)
     _, run_dir = run(tmp_path, "run", [*base, "trainer.max_steps=5"])
     again, _ = run(tmp_path, "run", [*base, "trainer.max_steps=9"])
     steps = [record["step"] for record in recorded(run_dir)]

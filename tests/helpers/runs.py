@@ -1,0 +1,44 @@
+"""The overrides of the short real runs the tests make. ``conf/debug/smoke.yaml`` holds the settings a
+user's smoke run shares with them; the helpers add the corpus, the cache and what a test checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def smoke_run(root: Path, cache: Path, *extra: str) -> list[str]:
+    """``debug=smoke`` (the tiny model, 12 optimizer steps, validations after steps 6 and 12) on the corpus
+    at ``root``, caching its tokenizer in ``cache``."""
+    return ["debug=smoke", f"data.root={root}", f"data.cache_dir={cache}", *extra]
+
+
+def resumable_run(
+    root: Path,
+    cache: Path,
+    *extra: str,
+    pairs: int = 200,
+    eval_pairs: int = 16,
+    log_every: int = 1,
+    deterministic: bool = True,
+) -> list[str]:
+    """A short run whose every random draw a resumed run must repeat: dropout 0.3, greedy decoding, the
+    first ``pairs`` training and ``eval_pairs`` evaluation pairs, metrics every ``log_every`` steps,
+    ``deterministic`` kernels. Its length and validations are the test's to set."""
+    return [
+        "model=tiny",
+        f"data.root={root}",
+        f"data.cache_dir={cache}",
+        "data.vocab_size=1000",
+        f"data.train_limit={pairs}",
+        f"data.eval_limit={eval_pairs}",
+        "data.max_tokens=500",
+        "logger=none",
+        "progress=quiet",
+        "decoding=greedy",
+        "dashboard.attention_every=0",
+        "checkpoint.average_last=0",
+        f"trainer.log_every_n_steps={log_every}",
+        f"trainer.deterministic={str(deterministic).lower()}",
+        "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones
+        *extra,
+    ]
