@@ -1,4 +1,5 @@
-"""Shared fixtures: the Multi30k corpus beside the repository and one tokenizer cache per session."""
+"""Shared fixtures: the corpora (a small generated one in tests/assets for the fast tests, Multi30k beside
+the repository for the slow end-to-end ones), one tokenizer cache per session, W&B offline."""
 
 from __future__ import annotations
 
@@ -9,10 +10,19 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written by assets/make_corpus.py
+
+
+@pytest.fixture(scope="session")
+def corpus_root() -> Path:
+    """A generated parallel corpus in Multi30k's layout (500 training, 100 validation and 100 test
+    sentences in en, de and fr): for the fast tests, which must run with nothing beside the repository."""
+    return ASSET_CORPUS
 
 
 @pytest.fixture(scope="session")
 def multi30k_root() -> Path:
+    """Multi30k task 1, for the slow end-to-end tests (``$AIAYN_TEST_DATA`` or ``../shared/data/multi30k``)."""
     root = Path(os.environ.get("AIAYN_TEST_DATA", REPO.parent / "shared" / "data" / "multi30k"))
     assert (root / "train.en.gz").is_file(), f"Multi30k not found at {root}; set AIAYN_TEST_DATA"
     return root

@@ -12,10 +12,11 @@ import pytest
 
 from aiayn.cli import train as train_cli
 from aiayn.machine import available_cpus
+from helpers.runs import smoke_run
 
 
 def base(root: Path, cache: Path) -> list[str]:
-    return [f"data.root={root}", f"data.cache_dir={cache}", "logger=none", "trainer.max_steps=1", "progress=quiet"]
+    return smoke_run(root, cache, "trainer.max_steps=1")
 
 
 # (overrides, the key the message must name, the value it must show)
@@ -80,7 +81,7 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     overrides: list[str],
     key: str,
     value: str,
-    multi30k_root: Path,
+    corpus_root: Path,
     cache_dir: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -90,7 +91,7 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     names = {"tmp": tmp_path, "too_many": available_cpus() + 1}
     overrides, value = [override.format(**names) for override in overrides], value.format(**names)
     # Hydra's logging setup off: in process it would keep handlers on pytest's captured streams.
-    argv = [*base(multi30k_root, cache_dir), *overrides, "hydra/job_logging=none", "hydra/hydra_logging=none"]
+    argv = [*base(corpus_root, cache_dir), *overrides, "hydra/job_logging=none", "hydra/hydra_logging=none"]
     monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])
     with pytest.raises(SystemExit) as stopped:
         train_cli.main()
@@ -103,10 +104,10 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     assert not outputs.exists() or not [p for p in outputs.glob("*/*") if p.is_dir()]  # no run folder left
 
 
-def test_the_installed_command_exits_with_2_and_one_line(multi30k_root: Path, cache_dir: Path, tmp_path: Path) -> None:
+def test_the_installed_command_exits_with_2_and_one_line(corpus_root: Path, cache_dir: Path, tmp_path: Path) -> None:
     """The real console script in its own process: the status a shell or a scheduler sees."""
     done = subprocess.run(
-        [sys.executable, "-m", "aiayn.cli.train", *base(multi30k_root, cache_dir), "model.dropout=1.5"],
+        [sys.executable, "-m", "aiayn.cli.train", *base(corpus_root, cache_dir), "model.dropout=1.5"],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -20,19 +20,19 @@ def datamodule(root: Path, cache: Path, **kwargs: object) -> Multi30kDataModule:
     return dm
 
 
-def test_tokenizer_and_encoded_splits_are_cached(multi30k_root: Path, cache_dir: Path) -> None:
-    first = datamodule(multi30k_root, cache_dir)
+def test_tokenizer_and_encoded_splits_are_cached(corpus_root: Path, cache_dir: Path) -> None:
+    first = datamodule(corpus_root, cache_dir)
     cached = sorted(first.tokenizer.model_file.parent.iterdir())
     stamps = {p: p.stat().st_mtime_ns for p in cached}
-    second = datamodule(multi30k_root, cache_dir, src_lang="de", tgt_lang="en")  # same pair, other way
+    second = datamodule(corpus_root, cache_dir, src_lang="de", tgt_lang="en")  # same pair, other way
     assert second.tokenizer.model_file == first.tokenizer.model_file
     assert {p: p.stat().st_mtime_ns for p in cached} == stamps  # nothing trained or encoded again
     assert second.tokenizer.vocab_size == 1000
-    assert len(first.datasets["train"]) == 29000 and len(first.references["test"]) == 1000
+    assert len(first.datasets["train"]) == 500 and len(first.references["test"]) == 100
 
 
-def test_batches_are_teacher_forcing_pairs(multi30k_root: Path, cache_dir: Path) -> None:
-    dm = datamodule(multi30k_root, cache_dir, max_tokens=800)
+def test_batches_are_teacher_forcing_pairs(corpus_root: Path, cache_dir: Path) -> None:
+    dm = datamodule(corpus_root, cache_dir, max_tokens=800)
     tok: Tokenizer = dm.tokenizer
     batch = next(iter(dm.val_dataloader()))
     src, tgt_in, tgt_out = batch["src"], batch["tgt_in"], batch["tgt_out"]
@@ -47,8 +47,8 @@ def test_batches_are_teacher_forcing_pairs(multi30k_root: Path, cache_dir: Path)
     assert tok.decode([ids])[0] == dm.references["val"][first] == batch["references"][0]
 
 
-def test_detokenized_text_round_trips(multi30k_root: Path, cache_dir: Path) -> None:
-    dm = datamodule(multi30k_root, cache_dir)
+def test_detokenized_text_round_trips(corpus_root: Path, cache_dir: Path) -> None:
+    dm = datamodule(corpus_root, cache_dir)
     refs = dm.references["test"][:200]
     assert dm.tokenizer.decode(dm.tokenizer.encode(refs)) == refs
 
@@ -96,14 +96,14 @@ def test_impossible_download_says_to_set_data_root(tmp_path: Path, monkeypatch: 
 
 
 def test_download_fills_the_cache_from_the_public_layout(
-    multi30k_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    corpus_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The download path, served from a local copy through file:// URLs."""
-    monkeypatch.setattr(corpus_module, "MULTI30K_URL", multi30k_root.as_uri() + "/{stem}.{lang}.gz")
+    monkeypatch.setattr(corpus_module, "MULTI30K_URL", corpus_root.as_uri() + "/{stem}.{lang}.gz")
     dm = Multi30kDataModule(root=None, cache_dir=str(tmp_path), vocab_size=500, train_limit=100)
     dm.prepare_data()
     dm.setup()
-    assert (tmp_path / "multi30k" / "train.fr.gz").read_bytes() == (multi30k_root / "train.fr.gz").read_bytes()
+    assert (tmp_path / "multi30k" / "train.fr.gz").read_bytes() == (corpus_root / "train.fr.gz").read_bytes()
     assert len(dm.datasets["train"]) == 100
 
 

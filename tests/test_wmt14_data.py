@@ -19,8 +19,8 @@ from aiayn.experiments.run import train
 
 
 @pytest.fixture(scope="module")
-def sentences(multi30k_root: Path) -> dict[str, list[str]]:
-    return {lang: read_lines(multi30k_root / f"train.{lang}.gz")[:400] for lang in ("en", "de")}
+def sentences(corpus_root: Path) -> dict[str, list[str]]:
+    return {lang: read_lines(corpus_root / f"train.{lang}.gz")[:400] for lang in ("en", "de")}
 
 
 def translation_rows(en: list[str], de: list[str]) -> dict[str, list[dict[str, str]]]:
