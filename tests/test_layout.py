@@ -1,0 +1,102 @@
+"""The package's layout is its architecture: each layer imports only the layers below it, the model
+layer runs without the framework, and every experiment has a run name of its own."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import aiayn
+from aiayn.config.compose import compose_run_config, config_dir
+
+PACKAGE = Path(aiayn.__file__).resolve().parent
+# From the inside out; a module may import its own layer and those before it. The leaves (plain
+# modules at the top) come first: every layer may use them, and they import no layer.
+LAYERS = ("errors", "scoring", "machine", "model", "data", "training", "evaluation", "config", "experiments", "cli")
+LEAVES = ("errors", "scoring", "machine")
+
+
+def layer_of(module: str) -> str:
+    """``aiayn.training.callbacks.faults`` → ``training``."""
+    return module.split(".")[1]
+
+
+def imports_of(path: Path) -> set[str]:
+    """The aiayn modules a file imports, at its top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiayn.") and not node.level:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("aiayn.")}
+    return found
+
+
+def modules() -> list[Path]:
+    return sorted(path for path in PACKAGE.rglob("*.py") if path.parent != PACKAGE or path.stem != "__init__")
+
+
+def test_the_top_level_holds_the_layers_and_at_most_six_modules() -> None:
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    assert folders - {"conf"} == set(LAYERS) - set(LEAVES)
+    assert top == {"__init__", *LEAVES} and len(top) <= 6
+
+
+@pytest.mark.parametrize("path", modules(), ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None:
+    own = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+    allowed = set(LAYERS[: LAYERS.index(own) + 1]) - ({own} if own in LEAVES else set())
+    wrong = sorted(module for module in imports_of(path) if layer_of(module) not in allowed)
+    assert not wrong, f"{own} may import {sorted(allowed)}; {path.name} imports {wrong}"
+
+
+def test_the_model_imports_without_hydra_omegaconf_or_lightning() -> None:
+    blocked = ("hydra", "omegaconf", "pytorch_lightning", "lightning", "lightning_fabric")
+    script = "\n".join(
+        [
+            "import sys",
+            *(f"sys.modules[{name!r}] = None" for name in blocked),  # importing them now raises
+            "import aiayn.model as m",
+            "model = m.Transformer(m.TransformerConfig(vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2,"
+            " d_k=8, d_v=8))",
+            "import torch",
+            "print(m.translate_ids(model.eval(), torch.tensor([[5, 6, 3]]), 2, 3, m.DecodingOptions(beam_size=2)))",
+            "try:",
+            "    m.TransformerConfig(vocab_size=50, d_model=511)",
+            "except ValueError as error:",
+            "    print(type(error).__name__, error)",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    hypotheses, error = done.stdout.strip().splitlines()
+    assert hypotheses.startswith("[[") and error == "FieldError d_model=511 must be even for positional=sinusoidal"
+
+
+def experiments() -> list[str]:
+    folder = Path(config_dir()) / "experiment"
+    return sorted(path.relative_to(folder).with_suffix("").as_posix() for path in folder.rglob("*.yaml"))
+
+
+def test_every_experiment_has_a_run_name_of_its_own() -> None:
+    names: dict[str, list[str]] = {}
+    for experiment in experiments():
+        names.setdefault(compose_run_config([f"experiment={experiment}"]).name, []).append(experiment)
+    shared = {name: found for name, found in names.items() if len(found) > 1}
+    assert not shared, f"experiments that share a run folder and a dashboard name: {shared}"
+    assert len(names) == len(experiments()) >= 45
+    assert compose_run_config(["experiment=table3/A1"]).name == "table3_A1"  # its path, / as _
+    assert compose_run_config(["model=tiny"]).name == "tiny_multi30k_en_de"  # no experiment: model and data
+    assert compose_run_config(["experiment=mini/A1", "name=mine"]).name == "mine"  # the command line wins
+
+
+def test_the_smoke_settings_are_a_run_of_seconds_on_any_experiment() -> None:
+    smoke = compose_run_config(["debug=smoke"])
+    assert smoke.model.d_model == 64 and smoke.trainer.max_steps == 12 and not smoke.logger
+    row = compose_run_config(["experiment=mini/A1", "debug=smoke"])
+    assert row.name == "mini_A1" and row.model.n_heads == 1 and row.trainer.max_steps == 12
