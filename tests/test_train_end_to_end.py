@@ -44,7 +44,7 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
         "model=tiny", "data.vocab_size=1000", "data.train_limit=3000", "data.eval_limit=100",
         "data.max_tokens=1500", "trainer.max_steps=120", "trainer.val_check_interval=40",
         "trainer.check_val_every_n_epoch=null", "trainer.accumulate_grad_batches=2",
-        "trainer.log_every_n_steps=10", "optim.warmup=40",
+        "trainer.log_every_n_steps=10", "optim.warmup=40", "optim.lr_scale=0.25",
     )  # fmt: skip
     for key in ("params", "val_bleu", "test_bleu", "sacrebleu_signature", "val_ppl", "steps",
                 "train_tokens_per_s", "wall_s", "overrides"):  # fmt: skip
@@ -69,13 +69,16 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     val_loss = metric_rows(run_dir, "val/loss")
     # every 40 batches (20 optimizer steps) over 240 batches, then once more for the best checkpoint
     assert len(val_loss) == 7
+    # eq. 3 at full scale peaks at 2e-2 for d_model 64 and 40 warmup steps: too high for this model, whose
+    # loss then fell by -0.0 to 1.2 depending on the seed and the CPU. At a quarter of it the loss falls
+    # by 1.44-1.49 over seeds 1-3 (benchmarks/RESULTS.md): 0.5 holds with a wide margin.
     assert val_loss[5][1] < val_loss[0][1] - 0.5
     val_bleu = [bleu for _, bleu in metric_rows(run_dir, "val/bleu")[:6]]
     assert results["val_bleu"] == pytest.approx(max(val_bleu), abs=1e-4)  # best.ckpt is the best by BLEU
 
     # eq. 3 advanced once per optimizer step, though two batches make each step. The CSV's step column
     # counts the optimizer steps done before the logged batch: step k is scheduled at schedule(k).
-    schedule = NoamSchedule(64, warmup=40)
+    schedule = NoamSchedule(64, warmup=40, scale=0.25)
     lrs = metric_rows(run_dir, "train/lr")
     assert len(lrs) >= 10
     for step, lr in lrs:
