@@ -51,3 +51,12 @@ def test_overhead_times_the_real_training_loop_against_the_bare_one(multi30k_roo
     speeds = result["tokens_per_s"]
     assert 0.2 < speeds["aiayn-train"] / speeds["bare"] < 1.1
     assert 0.0 < result["data_share"] < 0.5
+
+
+def test_decoding_races_cached_and_recomputed_beam_search_against_generate() -> None:
+    command = [sys.executable, str(BENCHMARKS / "decoding.py"), "--sentences", "8", "--batch", "4", "--rounds", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    speeds = json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
+    assert set(speeds) == {"aiayn cached", "aiayn recompute", "transformers generate"}
+    assert all(speed > 0 for speed in speeds.values())
