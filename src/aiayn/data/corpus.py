@@ -188,7 +188,7 @@ class Multi30k(_TextPairs):
     name = "multi30k"
 
     def __init__(
-        self, src_lang: str, tgt_lang: str, root: Path | None, cache_dir: Path, val_split: str, test_split: str
+        self, src_lang: str, tgt_lang: str, *, root: Path | None, cache_dir: Path, val_split: str, test_split: str
     ) -> None:
         super().__init__()
         for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
@@ -260,7 +260,7 @@ class HuggingFaceTranslation(ParallelCorpus):
     readable_by_workers = True
 
     def __init__(
-        self, src_lang: str, tgt_lang: str, path: str, config: str | None, splits: Mapping[str, str | None]
+        self, src_lang: str, tgt_lang: str, *, path: str, config: str | None, splits: Mapping[str, str | None]
     ) -> None:
         self.src_lang, self.tgt_lang, self.path, self.config = src_lang, tgt_lang, path, config
         self.roles = dict(splits)

@@ -370,7 +370,10 @@ class Multi30kDataModule(TranslationDataModule):
     ) -> None:
         cache = Path(options["cache_dir"]).expanduser() if options.get("cache_dir") else default_cache_dir()
         root_path = Path(root).expanduser() if root else None
-        super().__init__(Multi30k(src_lang, tgt_lang, root_path, cache, val_split, test_split), **options)
+        corpus = Multi30k(
+            src_lang, tgt_lang, root=root_path, cache_dir=cache, val_split=val_split, test_split=test_split
+        )
+        super().__init__(corpus, **options)
 
 
 class WMT14DataModule(TranslationDataModule):
@@ -396,7 +399,7 @@ class WMT14DataModule(TranslationDataModule):
         if root is not None and not Path(root).expanduser().exists():
             raise ConfigError("data.root", root, "does not exist; give a local copy of WMT14 (or null: the Hub's)")
         splits = dict(splits or {"train": "train", "val": "validation", "test": "test"})
-        corpus = HuggingFaceTranslation(src_lang, tgt_lang, root or hub, config, splits)
+        corpus = HuggingFaceTranslation(src_lang, tgt_lang, path=root or hub, config=config, splits=splits)
         super().__init__(corpus, **options)
 
 

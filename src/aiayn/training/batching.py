@@ -14,7 +14,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, whole
 
 log = logging.getLogger(__name__)
 TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_per_step
@@ -24,9 +24,8 @@ def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -
     """Per-device batches to accumulate so that ``world_size`` devices with ``max_tokens`` each make
     about ``tokens_per_step`` tokens per optimizer step (the nearest whole number, at least one); an
     error when that is more than :data:`TOLERANCE` away."""
-    for key, value in (("tokens_per_step", tokens_per_step), ("data.max_tokens", max_tokens)):
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(key, value, "must be a positive whole number of tokens")
+    if not whole(tokens_per_step, 1):  # data.max_tokens is the data module's to check
+        raise ConfigError("tokens_per_step", tokens_per_step, "must be a positive whole number of tokens")
     steps = max(1, round(tokens_per_step / (max_tokens * world_size)))
     reached = steps * max_tokens * world_size
     if abs(reached - tokens_per_step) > TOLERANCE * tokens_per_step:
