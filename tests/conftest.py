@@ -15,7 +15,7 @@ ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written 
 
 @pytest.fixture(scope="session")
 def corpus_root() -> Path:
-    """A generated parallel corpus in Multi30k's layout (500 training, 100 validation and 100 test
+    """A generated parallel corpus in Multi30k's layout, as plain text (500 training, 100 validation and 100 test
     sentences in en, de and fr): for the fast tests, which must run with nothing beside the repository."""
     return ASSET_CORPUS
 

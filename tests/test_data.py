@@ -98,12 +98,16 @@ def test_impossible_download_says_to_set_data_root(tmp_path: Path, monkeypatch: 
 def test_download_fills_the_cache_from_the_public_layout(
     corpus_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The download path, served from a local copy through file:// URLs."""
-    monkeypatch.setattr(corpus_module, "MULTI30K_URL", corpus_root.as_uri() + "/{stem}.{lang}.gz")
+    """The download path, served from a local copy through file:// URLs in the public (gzipped) layout."""
+    served = tmp_path / "served"
+    served.mkdir()
+    for plain in corpus_root.iterdir():
+        (served / f"{plain.name}.gz").write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    monkeypatch.setattr(corpus_module, "MULTI30K_URL", served.as_uri() + "/{stem}.{lang}.gz")
     dm = Multi30kDataModule(root=None, cache_dir=str(tmp_path), vocab_size=500, train_limit=100)
     dm.prepare_data()
     dm.setup()
-    assert (tmp_path / "multi30k" / "train.fr.gz").read_bytes() == (corpus_root / "train.fr.gz").read_bytes()
+    assert (tmp_path / "multi30k" / "train.fr.gz").read_bytes() == (served / "train.fr.gz").read_bytes()
     assert len(dm.datasets["train"]) == 100
 
 

@@ -20,7 +20,7 @@ from aiayn.experiments.run import train
 
 @pytest.fixture(scope="module")
 def sentences(corpus_root: Path) -> dict[str, list[str]]:
-    return {lang: read_lines(corpus_root / f"train.{lang}.gz")[:400] for lang in ("en", "de")}
+    return {lang: read_lines(corpus_root / f"train.{lang}")[:400] for lang in ("en", "de")}
 
 
 def translation_rows(en: list[str], de: list[str]) -> dict[str, list[dict[str, str]]]:

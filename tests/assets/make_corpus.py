@@ -1,14 +1,14 @@
-"""Writes ``corpus/``: a small generated parallel corpus in Multi30k's layout (``<split>.<lang>.gz`` for
-en, de and fr; splits train, val and test_2016_flickr), so that the fast tests need no corpus outside the
-repository. The sentences come from a fixed grammar over a small word list (word-for-word, seeded), plus
-made-up names that read the same in all three languages; they are not Multi30k's.
+"""Writes ``corpus/``: a small generated parallel corpus in Multi30k's layout, as plain UTF-8 text
+(``<split>.<lang>`` for en, de and fr; splits train, val and test_2016_flickr), so that the fast tests
+need no corpus outside the repository. The sentences come from a fixed grammar over a small word list
+(word-for-word, seeded), plus made-up names that read the same in all three languages; they are not
+Multi30k's.
 
 Run ``python tests/assets/make_corpus.py`` to write it again: the output is the same byte for byte.
 """
 
 from __future__ import annotations
 
-import gzip
 import random
 from pathlib import Path
 
@@ -75,9 +75,7 @@ def main() -> None:
     for split, size in SPLITS.items():
         rows = [sentence(rng) for _ in range(size)]
         for index, lang in enumerate(("en", "de", "fr")):
-            text = "".join(row[index] + "\n" for row in rows).encode()
-            with open(folder / f"{split}.{lang}.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-                f.write(text)
+            (folder / f"{split}.{lang}").write_text("".join(row[index] + "\n" for row in rows), encoding="utf-8")
 
 
 if __name__ == "__main__":
