@@ -76,9 +76,12 @@ def model_config(cfg: DictConfig) -> dict[str, Any]:
 
 
 def transformer_config(cfg: DictConfig) -> TransformerConfig:
-    """The model ``cfg`` describes; a field it cannot take is a :class:`ConfigError` naming its key."""
+    """The model ``cfg`` describes; a setting it does not have or a value it cannot take is a
+    :class:`ConfigError` naming its key."""
+    settings = model_config(cfg)
+    check_known("model", settings, *parameters(TransformerConfig))
     with config_keys("model", MODEL_FIELD_KEYS):
-        return TransformerConfig(**model_config(cfg))
+        return TransformerConfig(**settings)
 
 
 def decoding_options(decoding: DictConfig | Mapping[str, Any]) -> DecodingOptions:

@@ -26,13 +26,11 @@ from aiayn.config.build import (
     check_known,
     compile_flag,
     decoding_options,
-    model_config,
     parameters,
     transformer_config,
 )
 from aiayn.errors import ConfigError, is_number, whole
 from aiayn.machine import available_cpus
-from aiayn.model import TransformerConfig
 from aiayn.training.module import check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
@@ -43,7 +41,6 @@ def check_run_config(cfg: DictConfig) -> None:
     """Raise :class:`~aiayn.errors.ConfigError` for the first setting of ``cfg`` that cannot work."""
     check_resolvable(cfg)
     # The parts' own checks, before the run seeds its generators and draws the initial weights.
-    check_known("model", model_config(cfg), *parameters(TransformerConfig))
     transformer_config(cfg)
     compile_flag(cfg.model.get("compile", False))
     called_with("optim", check_optimization, cfg.optim)

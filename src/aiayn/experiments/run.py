@@ -132,10 +132,10 @@ def train(
     try:
         log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
         fit(trainer, module, datamodule, run.last, resume)
-        val = validate_best(trainer, module, datamodule, run)
-        test = test_best(trainer, module, datamodule, run, run_dir)
+        best = Path(run.best.best_model_path or run.last.path)  # the last one when none was ranked
+        val = validate_best(trainer, module, datamodule, best)
+        test = test_best(trainer, module, datamodule, best, run_dir)
         averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
-        best = Path(run.best.best_model_path or run.last.path)
         results = RunResults(
             params=count_parameters(module.model),
             val_bleu=val["val/bleu"],
@@ -213,21 +213,19 @@ def fit(
 
 
 def validate_best(
-    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, run: RunCallbacks
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, best: Path
 ) -> dict[str, float]:
-    """The validation metrics of the best checkpoint (the last one when none was ranked)."""
-    best = run.best.best_model_path or str(run.last.path)
-    return trainer.validate(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)[0]
+    """The validation metrics of the best checkpoint."""
+    return trainer.validate(module, datamodule=datamodule, ckpt_path=str(best), verbose=False, weights_only=True)[0]
 
 
 def test_best(
-    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, run: RunCallbacks, run_dir: Path
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, best: Path, run_dir: Path
 ) -> dict[str, Any]:
     """The best checkpoint's test scores (``test.hyp.txt`` holds its translations); none without a test split."""
     if "test" not in datamodule.roles:
         return {}
-    best = run.best.best_model_path or str(run.last.path)
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=best, verbose=False, weights_only=True)[0]
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=str(best), verbose=False, weights_only=True)[0]
     scores = test_scores(trainer, module, datamodule, run_dir / "test.hyp.txt")
     return {
         "test_bleu": scores["sacrebleu"],
