@@ -16,8 +16,20 @@ from aiayn.config.compose import compose_run_config, config_dir
 PACKAGE = Path(aiayn.__file__).resolve().parent
 # From the inside out; a module may import its own layer and those before it. The leaves (plain
 # modules at the top) come first: every layer may use them, and they import no layer.
-LAYERS = ("errors", "scoring", "machine", "model", "data", "training", "evaluation", "config", "experiments", "cli")
-LEAVES = ("errors", "scoring", "machine")
+LAYERS = (
+    "errors",
+    "files",
+    "scoring",
+    "machine",
+    "model",
+    "data",
+    "training",
+    "evaluation",
+    "config",
+    "experiments",
+    "cli",
+)
+LEAVES = ("errors", "files", "scoring", "machine")
 
 
 def layer_of(module: str) -> str:

@@ -2,8 +2,8 @@
 value checks that raise them. Plain Python: every layer may import this module, the model included.
 
 The command-line tools report them in one line without a traceback (:mod:`aiayn.cli.common`):
-:class:`ConfigError`, :class:`DataError` and :class:`CheckpointError` exit with status 2 (fix the
-input and run again), :class:`TrainingDiverged` with status 1. :class:`FieldError` is what the
+:class:`ConfigError`, :class:`DataError`, :class:`CheckpointError` and :class:`RunFolderBusy` exit with
+status 2 (fix the input and run again), :class:`TrainingDiverged` with status 1. :class:`FieldError` is what the
 framework-free model layer raises about its own fields; the config layer turns it into the
 :class:`ConfigError` that names the config key (:func:`aiayn.config.build.config_keys`).
 """
@@ -37,6 +37,17 @@ class DataError(RuntimeError):
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable, or does not fit the others or the run."""
+
+
+class RunFolderBusy(RuntimeError):
+    """A run folder that another living process is writing (its lock, :mod:`aiayn.files`, is held)."""
+
+    def __init__(self, folder: Any, holder: str) -> None:
+        self.folder, self.holder = folder, holder
+        super().__init__(
+            f"run folder {folder} is in use by {holder}: one process writes a run folder; wait for it to end, "
+            "stop it, or start this run in another folder"
+        )
 
 
 class TrainingDiverged(RuntimeError):

@@ -7,11 +7,8 @@ Periodic checkpoints are named ``step<global step>.ckpt``.
 
 from __future__ import annotations
 
-import glob
-import os
 import pickle
 import re
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CheckpointError
+from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
 
 RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model}
@@ -182,31 +180,9 @@ def _mean(total: dict[str, torch.Tensor], n: int, newest: dict[str, torch.Tensor
 
 
 def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
-    """Write ``checkpoint`` to ``path`` atomically: into a temporary file of the same folder, flushed to
-    the disk, then renamed over ``path``. A crash while saving leaves the previous file whole; the
-    temporary files of such crashes are removed by the next save to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{path.name}."
-    for stale in path.parent.glob(f"{glob.escape(prefix)}*"):
-        stale.unlink(missing_ok=True)
-    with tempfile.NamedTemporaryFile(dir=path.parent, prefix=prefix, delete=False) as tmp:
-        try:
-            torch.save(checkpoint, tmp)
-            tmp.flush()
-            os.fsync(tmp.fileno())
-        except BaseException:
-            os.unlink(tmp.name)
-            raise
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp.name, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
-    os.replace(tmp.name, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself reaches the disk
-    finally:
-        os.close(folder)
+    """Write ``checkpoint`` to ``path`` atomically (:func:`aiayn.files.atomic_write`): a crash while
+    saving leaves the previous file whole, and no writer touches another's temporary file."""
+    atomic_write(Path(path), lambda file: torch.save(checkpoint, file))
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,0 +1,153 @@
+"""How aiayn writes files that others read: whole or not at all (:func:`atomic_write`), and one writer
+per run folder (:func:`hold_run_folder`). Plain Python: every layer may import this module.
+
+A run folder is held through ``fcntl.flock`` on its ``run.lock`` file for the life of the process that
+writes it. The operating system releases the lock when that process ends, however it ends (SIGKILL,
+an out-of-memory kill, a node's reboot), so a killed run never blocks its own resume; and the file
+names its holder (host, process id, start time) for the message that refuses a second writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+from aiayn.errors import RunFolderBusy
+
+LOCK_FILE = "run.lock"
+_HOST = socket.gethostname().replace(".", "-")  # no dots: they separate the parts of a temporary name
+_held: dict[Path, int] = {}  # folder (resolved) → open descriptor of its lock file, for this process
+
+
+def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
+    """Write ``path`` whole or not at all: into a temporary file of its own folder, flushed to the disk,
+    then renamed over ``path``. ``content`` is text (UTF-8), bytes, or a function that writes into the
+    open binary file. A reader sees the old file or the new one, never a part.
+
+    The temporary file's name holds this host and process (``.<name>.<host>.<pid>.<random>.tmp``): a
+    writer removes the ones that writers of this host left when they died (a checkpoint's can be
+    gigabytes), never one that a living writer is still filling."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}.{_HOST}."
+    _remove_orphans(path.parent, prefix)
+    with tempfile.NamedTemporaryFile(
+        dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", delete=False
+    ) as tmp:
+        try:
+            if callable(content):
+                content(tmp)
+            else:
+                tmp.write(content.encode("utf-8") if isinstance(content, str) else content)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+        except BaseException:
+            os.unlink(tmp.name)
+            raise
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp.name, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
+    os.replace(tmp.name, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself reaches the disk
+    finally:
+        os.close(folder)
+
+
+def _remove_orphans(folder: Path, prefix: str) -> None:
+    """Remove ``folder``'s temporary files named ``<prefix><pid>.*.tmp`` whose process has ended."""
+    for leftover in folder.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = leftover.name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            leftover.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's living process
+    return True
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` are one file (the same path, a link to it, or the same inode)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def hold_run_folder(folder: Path) -> bool:
+    """Take ``folder``'s lock for the rest of this process's life (creating the folder); False when this
+    process holds it already. Raises :class:`~aiayn.errors.RunFolderBusy`, naming the holder, when
+    another process does."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = folder.resolve()
+    if key in _held:
+        return False
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = _read_holder(fd)
+        os.close(fd)
+        raise RunFolderBusy(folder, holder) from None
+    os.ftruncate(fd, 0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
+    _held[key] = fd
+    return True
+
+
+def release_run_folder(folder: Path) -> None:
+    """Give up ``folder``'s lock (a run that ends inside a longer process: a test, a notebook)."""
+    fd = _held.pop(Path(folder).resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+@contextlib.contextmanager
+def run_folder_held(folder: Path) -> Iterator[None]:
+    """:func:`hold_run_folder` for the duration of the block, unless this process held it before."""
+    taken = hold_run_folder(folder)
+    try:
+        yield
+    finally:
+        if taken:
+            release_run_folder(folder)
+
+
+def run_folder_holder(folder: Path) -> str | None:
+    """Who holds ``folder`` (``pid 123 on node7, since ...``), or None when no living process does."""
+    path = Path(folder) / LOCK_FILE
+    if Path(folder).resolve() in _held:
+        return _read_holder(_held[Path(folder).resolve()])
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)  # a shared lock taken here is released with the descriptor
+    return None
+
+
+def _read_holder(fd: int) -> str:
+    text = os.pread(fd, 200, 0).decode(errors="replace").strip()
+    return text or "another process"
