@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config.build import decoding_options, instantiated
+from aiayn.config.build import decoding_options, instantiated_from_checkpoint
 from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_parallel
 from aiayn.errors import ConfigError
@@ -20,20 +20,24 @@ from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_model
 
 
-def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any]) -> tuple[str, list[str], list[str]]:
-    """A name for the evaluated text, its source lines and its references."""
+def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any], checkpoint: Path) -> tuple[str, list[str], list[str]]:
+    """A name for the evaluated text, its source lines and its references: the files given, or a split of
+    the corpus the checkpoint's run was trained on (its stored ``data`` section, built only from aiayn's
+    own classes)."""
     if cfg.source or cfg.reference:
         if not (cfg.source and cfg.reference):
             raise ValueError("source and reference go together: set both, or neither to evaluate a split")
         source, reference = read_parallel(Path(cfg.source), Path(cfg.reference))
         return Path(cfg.source).name, source, reference
-    data = OmegaConf.create(run_config["data"])
+    data = dict(run_config["data"])
     for key in ("root", "cache_dir"):
         if cfg.data[key] is not None:
             data[key] = cfg.data[key]
-    if data.get("root") and not Path(data.root).expanduser().is_dir():
-        raise ConfigError("data.root", data.root, "(from the checkpoint's run) is not a folder; set data.root=<corpus>")
-    source, reference = instantiated(data).split_texts(cfg.split)
+    if isinstance(data.get("root"), str) and not Path(data["root"]).expanduser().is_dir():
+        raise ConfigError(
+            "data.root", data["root"], "(from the checkpoint's run) is not a folder; set data.root=<corpus>"
+        )
+    source, reference = instantiated_from_checkpoint(data, "data", checkpoint).split_texts(cfg.split)
     return cfg.split, source, reference
 
 
@@ -57,7 +61,7 @@ def run(cfg: DictConfig) -> None:
         if cfg.tokenized_bleu not in ("auto", True, False):
             raise ConfigError("tokenized_bleu", cfg.tokenized_bleu, "must be auto, true or false")
         model, tokenizer, run_config = load_model(checkpoint, resolve_device(cfg.device))
-        name, source, reference = evaluation_texts(cfg, run_config)
+        name, source, reference = evaluation_texts(cfg, run_config, checkpoint)
         decoding = decoding_options(cfg.decoding)
         translator = Translator(model, tokenizer, decoding, max_tokens=cfg.max_tokens)
         start = time.perf_counter()

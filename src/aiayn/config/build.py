@@ -4,6 +4,7 @@ the data module, the trainer's arguments and the loggers; and the translation of
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -18,7 +19,7 @@ from pytorch_lightning.loggers import Logger
 
 from aiayn.config.naming import RunIdentity
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from aiayn.errors import ConfigError, DataError, FieldError
+from aiayn.errors import CheckpointError, ConfigError, DataError, FieldError, show
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.loggers import RunCSVLogger
 
@@ -121,6 +122,75 @@ def instantiated(spec: DictConfig, **kwargs: Any) -> Any:
         if isinstance(error.__cause__, ConfigError | DataError):
             raise error.__cause__ from None
         raise
+
+
+def instantiated_from_checkpoint(spec: Mapping[str, Any], section: str, checkpoint: Path) -> Any:
+    """The object a config section stored in ``checkpoint`` describes (its ``data`` section: the data
+    module and its corpus), built only when every ``_target_`` in it, at any depth, is one of aiayn's
+    data modules or corpora. Checkpoints are shared between people: a stored ``_target_: os.system``
+    (or one of aiayn's functions that writes files) would run as its reader.
+
+    Built here, not by ``hydra.utils.instantiate``: the stored values are plain data (the config was
+    resolved when the checkpoint was written), and OmegaConf would read an ``${...}`` in them as an
+    interpolation, which may call any registered resolver."""
+    from aiayn.data.corpus import ParallelCorpus
+    from aiayn.data.datamodule import TranslationDataModule
+
+    classes: dict[str, type] = {}
+    for key, target in stored_targets(spec, section):
+        found = _project_class(target)
+        if found is None or not issubclass(found, TranslationDataModule | ParallelCorpus):
+            raise CheckpointError(
+                f"checkpoint {checkpoint}: its stored config sets {key}={show(target)}, which is not one of "
+                "aiayn's data modules or corpora; it is not run (evaluate with source=<file> reference=<file>)"
+            )
+        classes[target] = found
+    return _built(spec, classes, section, checkpoint)
+
+
+def stored_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
+    """Every ``(<key path>._target_, value)`` in a nested mapping or list."""
+    if isinstance(node, Mapping):
+        for name, value in node.items():
+            if name == "_target_":
+                yield f"{key}._target_", value
+            else:
+                yield from stored_targets(value, f"{key}.{name}")
+    elif isinstance(node, list | tuple):
+        for index, value in enumerate(node):
+            yield from stored_targets(value, f"{key}[{index}]")
+
+
+def _project_class(target: Any) -> type | None:
+    """The class ``target`` names when it is a dotted path inside the ``aiayn`` package, else None;
+    only aiayn's own modules are imported to find out."""
+    if not isinstance(target, str) or not re.fullmatch(r"aiayn(\.[A-Za-z_]\w*)+", target):
+        return None
+    module_name, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module_name), name, None)
+    except ImportError:
+        return None
+    return found if isinstance(found, type) and found.__module__.startswith("aiayn.") else None
+
+
+def _built(node: Any, classes: Mapping[str, type], key: str, checkpoint: Path) -> Any:
+    """``node`` with each mapping that has a ``_target_`` replaced by an instance of its (checked) class."""
+    if isinstance(node, list | tuple):
+        return [_built(value, classes, f"{key}[{i}]", checkpoint) for i, value in enumerate(node)]
+    if not isinstance(node, Mapping):
+        return node
+    settings = {
+        name: _built(value, classes, f"{key}.{name}", checkpoint)
+        for name, value in node.items()
+        if name not in ("_target_", "_recursive_", "_convert_")
+    }
+    if "_target_" not in node:
+        return settings
+    try:
+        return classes[node["_target_"]](**settings)
+    except TypeError as error:
+        raise CheckpointError(f"checkpoint {checkpoint}: its stored {key} cannot be built: {error}") from None
 
 
 def trainer_options(trainer: DictConfig) -> dict[str, Any]:
