@@ -98,8 +98,7 @@ def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
     message = stderr(run_dir).strip().splitlines()[-1]
     assert message == (
         f"aiayn-train: stopped: {signum.name} received: stopped after step {done} and saved "
-        f"{run_dir / 'checkpoints' / 'last.ckpt'}; run the same command again (or add resume=true) "
-        "to continue from there"
+        f"{run_dir / 'checkpoints' / 'last.ckpt'}; continue it with the same command"
     )
     assert not (run_dir / "results.json").exists()
 
@@ -230,7 +229,7 @@ def test_a_foreign_or_mismatched_checkpoint_is_refused(
     capsys.readouterr()
     assert in_process([*base, "model.d_ff=64", f"resume={run_dir / 'checkpoints' / 'last.ckpt'}"], monkeypatch) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "is of a model with d_ff=128, this run's has d_ff=64; resume with the same model" in error
+    assert "was trained with model.d_ff=128, this run has model.d_ff=64: a resumed run cannot change it" in error
 
 
 def test_resume_true_continues_the_latest_run_of_the_experiment(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,14 @@ from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.config.build import build_loggers, instantiated, model_config, module_kwargs, trainer_options
+from aiayn.config.build import build_loggers, instantiated, module_kwargs, trainer_options
 from aiayn.config.naming import run_identity
 from aiayn.config.preflight import check_run_config
 from aiayn.data import TranslationDataModule
-from aiayn.errors import ConfigError
+from aiayn.experiments.resume import resume_from
+from aiayn.files import atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
 from aiayn.training.batching import configure_batching
@@ -38,7 +41,6 @@ from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoints import (
     AtomicCheckpointIO,
     average_checkpoints,
-    check_resumable,
     save_checkpoint,
     step_checkpoints,
 )
@@ -114,57 +116,70 @@ def train(
     in the epoch and the random state, so that it ends as an uninterrupted run would.
     """
     start = time.perf_counter()
-    # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
-    check_run_config(cfg)
-    progress = progress_style(cfg.progress)
-    datamodule = instantiated(cfg.data)
-    resume = resume_from(cfg.resume, run_dir / "checkpoints", model_config(cfg))
-    pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
-    module = TranslationModule(**module_kwargs(cfg))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    run = run_callbacks(cfg, run_dir, resolved, progress)
-    loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
-    trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
-    batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(resolved, run_dir / "config.yaml")
-    results = None
-    try:
-        log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
-        fit(trainer, module, datamodule, run.last, resume)
-        best = Path(run.best.best_model_path or run.last.path)  # the last one when none was ranked
-        val = validate_best(trainer, module, datamodule, best)
-        test = test_best(trainer, module, datamodule, best, run_dir)
-        averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
-        results = RunResults(
-            params=count_parameters(module.model),
-            val_bleu=val["val/bleu"],
-            val_ppl=val["val/ppl"],
-            val_loss=val["val/loss"],
-            decoding=module.decoding.to_dict(),
-            steps=trainer.global_step,
-            epochs=trainer.current_epoch,
-            train_tokens=run.throughput.all_tokens,
-            train_tokens_per_s=run.throughput.tokens_per_s,
-            best_checkpoint=str(best.relative_to(run_dir) if best.is_relative_to(run_dir) else best),
-            resumed_from=str(resume) if resume else None,
-            batch=batching,
-            data=datamodule.filtered,
-            skipped_steps=run.guard.skipped,
-            overflow_steps=run.guard.overflows,
-            wall_s=time.perf_counter() - start,
-            overrides=list(overrides),
-            test=test,
-            averaged=averaged,
-        ).to_dict()
+    with sole_writer(run_dir):
+        # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
+        check_run_config(cfg)
+        progress = progress_style(cfg.progress)
+        datamodule = instantiated(cfg.data)
+        if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
+            datamodule.prepare_data()
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
+        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, own)
+        pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
+        module = TranslationModule(**module_kwargs(cfg))
+        run = run_callbacks(cfg, run_dir, resolved, overrides, progress)
+        loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
+        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
+        batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
+        run_dir.mkdir(parents=True, exist_ok=True)
         if trainer.is_global_zero:
-            (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    finally:
-        finish_loggers(loggers, failed=results is None, summary=results)
-    return results
+            atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+        results = None
+        try:
+            log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
+            fit(trainer, module, datamodule, run.last, resume)
+            best = Path(run.best.best_model_path or run.last.path)  # the last one when none was ranked
+            val = validate_best(trainer, module, datamodule, best)
+            test = test_best(trainer, module, datamodule, best, run_dir)
+            averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
+            results = RunResults(
+                params=count_parameters(module.model),
+                val_bleu=val["val/bleu"],
+                val_ppl=val["val/ppl"],
+                val_loss=val["val/loss"],
+                decoding=module.decoding.to_dict(),
+                steps=trainer.global_step,
+                epochs=trainer.current_epoch,
+                train_tokens=run.throughput.all_tokens,
+                train_tokens_per_s=run.throughput.tokens_per_s,
+                best_checkpoint=str(best.relative_to(run_dir) if best.is_relative_to(run_dir) else best),
+                resumed_from=str(resume) if resume else None,
+                batch=batching,
+                data=datamodule.filtered,
+                skipped_steps=run.guard.skipped,
+                overflow_steps=run.guard.overflows,
+                wall_s=time.perf_counter() - start,
+                overrides=list(overrides),
+                test=test,
+                averaged=averaged,
+            ).to_dict()
+            if trainer.is_global_zero:
+                atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+        finally:
+            finish_loggers(loggers, failed=results is None, summary=results)
+        return results
 
 
-def run_callbacks(cfg: DictConfig, run_dir: Path, resolved: dict[str, Any], progress: str) -> RunCallbacks:
+def sole_writer(run_dir: Path) -> AbstractContextManager[None]:
+    """This process is the one writer of ``run_dir`` while the run lasts (:mod:`aiayn.files`); under DDP
+    the first rank holds it for all (the others write nothing there that it does not coordinate)."""
+    return run_folder_held(run_dir) if rank_zero_only.rank == 0 else nullcontext()
+
+
+def run_callbacks(
+    cfg: DictConfig, run_dir: Path, resolved: dict[str, Any], overrides: Sequence[str], progress: str
+) -> RunCallbacks:
     """The callbacks of a run as ``cfg`` sets them, the user's ``callbacks`` entries among the others."""
     best, last, steps = validation_checkpoints(
         run_dir / "checkpoints", cfg.checkpoint.monitor, cfg.checkpoint.mode, cfg.checkpoint.keep_last
@@ -177,7 +192,7 @@ def run_callbacks(cfg: DictConfig, run_dir: Path, resolved: dict[str, Any], prog
         guard=NonFiniteGuard(cfg.max_nonfinite_steps, last.path),
         throughput=TokenThroughput(peak_tflops=cfg.peak_tflops),
         others=[
-            SelfContainedCheckpoints(resolved),
+            SelfContainedCheckpoints(resolved, overrides),
             RandomState(),
             ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
             *progress_callbacks(progress),
@@ -268,27 +283,5 @@ def test_scores(
         raise RuntimeError(f"{missing} of {len(references)} test sentences were not translated")
     ordered = [module.test_hypotheses[i] for i in range(len(references))]
     if trainer.is_global_zero:
-        output.write_text("".join(line + "\n" for line in ordered), encoding="utf-8")
+        atomic_write(output, "".join(line + "\n" for line in ordered))
     return corpus_scores(ordered, references)
-
-
-def resume_from(requested: bool | str | None, checkpoint_dir: Path, model: dict[str, Any]) -> Path | None:
-    """The checkpoint to continue from: ``requested`` when it is a path; else the run folder's own
-    ``last.ckpt`` (a restarted or requeued run; ``resume=true`` chose the folder of the latest run), which
-    ``resume=true`` requires. The checkpoint must hold the training state of a model like ``model``."""
-    if isinstance(requested, str):
-        path = Path(requested).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                "resume", requested, "is not a file; give a checkpoint such as <run>/checkpoints/last.ckpt"
-            )
-    else:
-        path = checkpoint_dir / "last.ckpt"
-        if not path.is_file():
-            if requested is True:
-                raise ConfigError(
-                    "resume", True, f"found no earlier run with checkpoints/last.ckpt in {checkpoint_dir.parents[1]}"
-                )
-            return None
-    check_resumable(path, model)
-    return path

@@ -21,7 +21,9 @@ from aiayn.errors import CheckpointError
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
 
-RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model}
+RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model, ...}
+OVERRIDES_KEY = "overrides"  # RUN_KEY entry: the command line's overrides, which define the run
+DATA_KEY = "data_cache"  # RUN_KEY entry: the name of the data's cache entry (corpus digest, vocabulary)
 STEP_NAME = "step{step:07d}"  # ModelCheckpoint filename template of the periodic checkpoints
 _STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
@@ -73,9 +75,10 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def check_resumable(path: Path, model: dict[str, Any]) -> None:
-    """``path`` holds the whole training state (weights, optimizer, loops) of a model with the
-    hyperparameters ``model``; else a :class:`CheckpointError` that says which checkpoint could be used."""
+def check_resumable(path: Path) -> None:
+    """``path`` holds the whole training state (weights, optimizer, loops); else a :class:`CheckpointError`
+    that says which checkpoint could be used. Whether it is the training of this run's settings is
+    :mod:`aiayn.experiments.resume`'s to check."""
     try:
         checkpoint = load_checkpoint(path, mmap=True)
     except CheckpointError as error:
@@ -85,14 +88,6 @@ def check_resumable(path: Path, model: dict[str, Any]) -> None:
         raise CheckpointError(
             f"checkpoint {path} has no training state ({', '.join(missing)}): it cannot be resumed "
             "(an averaged checkpoint is for aiayn-eval and aiayn-translate)"
-        )
-    saved = checkpoint.get("hyper_parameters", {}).get("model", {})
-    differing = [key for key in sorted(set(saved) | set(model)) if saved.get(key) != model.get(key)]
-    if differing:
-        theirs = ", ".join(f"{key}={saved.get(key)}" for key in differing)
-        ours = ", ".join(f"{key}={model.get(key)}" for key in differing)
-        raise CheckpointError(
-            f"checkpoint {path} is of a model with {theirs}, this run's has {ours}; resume with the same model"
         )
 
 

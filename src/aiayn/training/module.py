@@ -17,6 +17,10 @@ from aiayn.training.distributed import gathered_from_ranks
 from aiayn.training.loss import label_smoothed_cross_entropy
 from aiayn.training.schedule import NoamSchedule
 
+# What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
+# its perplexity (Table 3) and sacreBLEU.
+EVALUATION_METRICS = ("loss", "nll", "ppl", "bleu")
+
 
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
@@ -111,6 +115,7 @@ class TranslationModule(pl.LightningModule):
             self.test_hypotheses.update(zip(batch["index"].tolist(), text, strict=True))
 
     def _log_evaluation(self, stage: str) -> None:
+        """Logs ``<stage>/<name>`` for each of :data:`EVALUATION_METRICS`."""
         nll = self.nll[stage].compute()
         self.log(f"{stage}/loss", self.smoothed[stage].compute())
         self.log(f"{stage}/nll", nll)
@@ -144,6 +149,19 @@ class TranslationModule(pl.LightningModule):
         self.test_hypotheses = {i: text for share in shares for i, text in share.items()}
 
     # -- optimisation -----------------------------------------------------------------------------
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A resumed run trains with this run's ``optim.*`` settings, not the checkpoint's: Lightning
+        restores Adam's betas and eps and the schedule object (warmup, scale) from the checkpoint after
+        this hook, so they are replaced in it first, the learning rate of the step it resumes at included.
+        Adam's moment estimates are kept: they are the training state, the settings are the user's."""
+        schedule = self.schedule()
+        for state in checkpoint.get("lr_schedulers", []):
+            state["lr_lambdas"] = [dict(vars(schedule)) for _ in state.get("lr_lambdas", [])]
+            state["_last_lr"] = [base * schedule(state["last_epoch"]) for base in state["base_lrs"]]
+            for optimizer in checkpoint.get("optimizer_states", []):
+                for group, lr in zip(optimizer["param_groups"], state["_last_lr"], strict=False):
+                    group.update(betas=tuple(self.hparams.betas), eps=self.hparams.eps, lr=lr)
+
     def _fused_adam(self) -> bool:
         """Whether Adam may use its fused kernel, one pass over all tensors (CPU and CUDA) instead of
         five elementwise passes per parameter tensor: 5x faster at base on the CPU. With an fp16 gradient
@@ -153,14 +171,17 @@ class TranslationModule(pl.LightningModule):
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
         return all(p.device.type in ("cpu", "cuda") for p in self.parameters()) and not scaled
 
+    def schedule(self) -> NoamSchedule:
+        """This run's learning rate by step (eq. 3, §5.3)."""
+        return NoamSchedule(self.model.cfg.d_model, self.hparams.warmup, self.hparams.lr_scale)
+
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
         # lr=1.0: the schedule's value is the learning rate itself (eq. 3).
         optimizer = torch.optim.Adam(
             self.parameters(), lr=1.0, betas=tuple(hp.betas), eps=hp.eps, fused=self._fused_adam()
         )
-        schedule = NoamSchedule(self.model.cfg.d_model, hp.warmup, hp.lr_scale)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
 

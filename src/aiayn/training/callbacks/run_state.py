@@ -5,13 +5,14 @@ tokenizer (so that one ``.ckpt`` file is enough to translate)."""
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from aiayn.training.checkpoints import RUN_KEY
+from aiayn.training.checkpoints import DATA_KEY, OVERRIDES_KEY, RUN_KEY
 from aiayn.training.distributed import gathered_from_ranks, own_share
 
 
@@ -46,14 +47,18 @@ class RandomState(pl.Callback):
 
 
 class SelfContainedCheckpoints(pl.Callback):
-    """Stores the run's resolved config and the tokenizer in every checkpoint (under ``RUN_KEY``).
+    """Stores the run's resolved config, its overrides, the name of its data's cache entry and the
+    tokenizer in every checkpoint (under ``RUN_KEY``).
 
     With them one ``.ckpt`` file is enough for ``aiayn-translate`` and ``aiayn-eval``: the model is
-    rebuilt from the hyperparameters, the text is encoded with the very BPE model it was trained on.
+    rebuilt from the hyperparameters, the text is encoded with the very BPE model it was trained on;
+    and a resume can tell whether it continues the same training (:mod:`aiayn.experiments.resume`).
+    Before a checkpoint is written the loggers write out what they hold, so that every metric the
+    checkpoint has seen is on disk with it (a run killed later continues after them).
     """
 
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.config = config
+    def __init__(self, config: dict[str, Any], overrides: Sequence[str] = ()) -> None:
+        self.config, self.overrides = config, list(overrides)
         self._tokenizer: bytes | None = None
 
     def on_save_checkpoint(
@@ -61,4 +66,11 @@ class SelfContainedCheckpoints(pl.Callback):
     ) -> None:
         if self._tokenizer is None:
             self._tokenizer = trainer.datamodule.tokenizer.to_bytes()
-        checkpoint[RUN_KEY] = {"config": self.config, "tokenizer": self._tokenizer}
+        checkpoint[RUN_KEY] = {
+            "config": self.config,
+            "tokenizer": self._tokenizer,
+            OVERRIDES_KEY: self.overrides,
+            DATA_KEY: trainer.datamodule.cache_folder().name,
+        }
+        for logger in trainer.loggers:
+            logger.save()

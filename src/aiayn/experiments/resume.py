@@ -1,0 +1,158 @@
+"""Which checkpoint a run continues from, and whether it may: a resume continues the training the
+checkpoint holds, or it is refused before any work.
+
+What a resumed run cannot honour is checked against the config stored in the checkpoint: the model,
+the data (the corpus's content and the tokenizer, through the name of its cache entry; the limits and
+sizes the sampler's position depends on), the seed (the random state comes from the checkpoint) and the
+batching (devices, nodes, tokens per step). A difference is refused with both values. What it can
+honour (the schedule, Adam's settings, the run's length, validation, logging) is applied and logged;
+the module puts the new ``optim.*`` values into the restored state
+(:meth:`~aiayn.training.module.TranslationModule.on_load_checkpoint`).
+
+The folder of a multirun's job or a sweep's trial, run again, continues by itself only the run of the
+same overrides: job 0 of ``-m optim.warmup=1000,2000`` is not continued by job 0 of ``-m
+optim.warmup=3000,4000``. A plain run continues its folder with changed settings that it can honour.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
+from aiayn.errors import CheckpointError, ConfigError, show
+from aiayn.training.checkpoints import (
+    DATA_KEY,
+    OVERRIDES_KEY,
+    RUN_KEY,
+    check_resumable,
+    load_checkpoint,
+    step_checkpoints,
+)
+
+log = logging.getLogger(__name__)
+
+# Settings that say where a run reads, how fast and how it reports, not what it computes.
+NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", "model.compile", "data.pin_memory")
+# Settings a resumed run cannot honour: the checkpoint's weights, random state and position in the
+# epoch were made with the stored values.
+FIXED = ("model.", "data.", "seed", "tokens_per_step", "trainer.devices", "trainer.num_nodes",
+         "trainer.accumulate_grad_batches")  # fmt: skip
+
+
+def resume_from(
+    requested: bool | str | None,
+    run_dir: Path,
+    config: Mapping[str, Any],
+    data_cache: str,
+    own_overrides: Sequence[str] | None = None,
+) -> Path | None:
+    """The checkpoint to continue from, checked: ``requested`` when it is a path; else the run folder's own
+    ``last.ckpt`` (``resume=true`` chose the folder of the latest idle run; a requeued job or a trial run
+    again continues its folder by itself), which ``resume=true`` requires. ``resume=false`` starts afresh,
+    which a folder that holds a run refuses. ``config`` is this run's resolved config and ``data_cache``
+    the name of its data's cache entry. A job of a multirun or a sweep gives its ``own_overrides``: its
+    folder continues by itself only the run of those."""
+    last = run_dir / "checkpoints" / "last.ckpt"
+    if requested is False:
+        if last.is_file():
+            raise ConfigError(
+                "resume", False, f"but {run_dir} holds a run (checkpoints/last.ckpt): continue it with "
+                "resume=true or start this one in another folder"
+            )  # fmt: skip
+        return None
+    if isinstance(requested, str):
+        path = Path(requested).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                "resume", requested, "is not a file; give a checkpoint such as <run>/checkpoints/last.ckpt"
+            )
+    elif last.is_file():
+        path = last
+    elif requested is True:
+        raise ConfigError("resume", True, f"found no earlier run with checkpoints/last.ckpt in {run_dir.parent}")
+    else:
+        return None
+    check_resumable(path)
+    stored = load_checkpoint(path, mmap=True)
+    run = stored.get(RUN_KEY, {})
+    if requested is None and own_overrides is not None:
+        check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
+    check_same_training(path, run.get("config", {}), config, run.get(DATA_KEY), data_cache)
+    set_aside_newer(run_dir / "checkpoints", path, stored.get("global_step", 0))
+    return path
+
+
+def check_own_overrides(path: Path, stored: Sequence[str] | None, overrides: Sequence[str]) -> None:
+    """A folder that continues by itself continues the run of the same overrides, not another one."""
+    if stored is None:
+        return
+    theirs, ours = sorted(defining_overrides(stored)), sorted(defining_overrides(overrides))
+    if theirs != ours:
+        raise CheckpointError(
+            f"{path.parents[1]} holds the run of {' '.join(theirs) or 'no overrides'}, this one is of "
+            f"{' '.join(ours) or 'no overrides'}: a run folder continues only its own run; start this one in "
+            "another folder (hydra.sweep.dir=... for a multirun), or add resume=true to continue it with these"
+        )
+
+
+def check_same_training(
+    path: Path, stored: Mapping[str, Any], config: Mapping[str, Any], stored_data: str | None, data_cache: str
+) -> None:
+    """Refuse what the resumed run cannot honour; log what it applies."""
+    before, now = dict(flattened(stored)), dict(flattened(config))
+    changed = [key for key in sorted(set(before) | set(now)) if before.get(key, "<unset>") != now.get(key, "<unset>")]
+    changed = [key for key in changed if not key.startswith(NOT_COMPARED) and key in before]
+    fixed = [key for key in changed if key.startswith(FIXED)]
+    if fixed:
+        key = fixed[0]
+        raise CheckpointError(
+            f"checkpoint {path} was trained with {key}={show(before.get(key))}, this run has "
+            f"{key}={show(now.get(key))}: a resumed run cannot change it; resume with {key}={show(before.get(key))} "
+            "or start a new run"
+        )
+    if stored_data is not None and stored_data != data_cache:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on the data of cache entry {stored_data}, this run's is {data_cache} "
+            "(another corpus content, tokenizer or vocabulary): a resumed run cannot change its data"
+        )
+    if changed:
+        applied = ", ".join(f"{key}={show(before[key])} → {show(now.get(key))}" for key in changed)
+        log.warning("resuming %s with this run's settings, not the checkpoint's: %s", path, applied)
+
+
+def flattened(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` for every leaf of a nested mapping; lists are leaves."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            yield from flattened(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), node
+
+
+def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
+    """Move the checkpoints of ``folder`` newer than ``step`` (an abandoned continuation of the resumed
+    one) into ``folder/abandoned-after-step<step>/``, so that no later average or resume takes them."""
+    if not folder.is_dir():
+        return
+    newer = []
+    for path in [*step_checkpoints(folder), *(folder / name for name in ("last.ckpt", "best.ckpt"))]:
+        if path.is_file() and path.resolve() != resumed.resolve() and _step(path) > step:
+            newer.append(path)
+    if not newer:
+        return
+    aside = folder / f"abandoned-after-step{step}"
+    aside.mkdir(exist_ok=True)
+    for path in newer:
+        shutil.move(path, aside / path.name)
+    log.warning("resuming at step %d: moved %d newer checkpoints to %s", step, len(newer), aside)
+
+
+def _step(path: Path) -> int:
+    try:
+        return int(load_checkpoint(path, mmap=True).get("global_step", 0))
+    except CheckpointError:
+        return 0
