@@ -51,6 +51,9 @@ BAD_CONFIGS = [
     (["decoding.beam_size=0"], "decoding.beam_size", "0"),
     (["checkpoint.keep_last=2", "checkpoint.average_last=9"], "checkpoint.average_last", "9"),
     (["checkpoint.every_steps=0"], "checkpoint.every_steps", "0"),
+    (["checkpoint.mode=maximize"], "checkpoint.mode", "maximize"),
+    (["checkpoint.monitor=val/blue"], "checkpoint.monitor", "val/blue"),  # else found at the first validation
+    (["name=${{oops}}"], "oops", "cannot be resolved"),  # an interpolation in the run folder's name
     (["tokens_per_step=10"], "tokens_per_step", "10"),
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
     (["trainer.max_steps=0"], "trainer.max_steps", "0"),

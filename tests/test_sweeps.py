@@ -130,6 +130,7 @@ def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> Non
 
 def test_trial_folders_are_named_after_the_swept_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = ["experiment=mini/base", "data.root=/data", "model.positional=none", "+x=1", "seed=2"]
+    monkeypatch.chdir(tmp_path)
     assert run_dir("mini_base", None, overrides, "2026-11-30_10-00-00") == "outputs/mini_base/2026-11-30_10-00-00"
     assert run_dir("mini_base", "sw", overrides, "t") == "sw/experiment=mini_base,model.positional=none,+x=1,seed=2"
     params = tmp_path / "config-abc.yaml"  # what `wandb agent` writes for a trial

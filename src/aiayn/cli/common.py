@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from hydra.errors import CompactHydraException
+from omegaconf.errors import OmegaConfBaseException
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.errors import CheckpointError, ConfigError, DataError, TrainingDiverged
+from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy, TrainingDiverged
+from aiayn.files import LOCK_FILE
 from aiayn.training.callbacks.preemption import Preempted
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
 # What a training run reports in one line: a bad setting, bad data or a bad checkpoint (exit 2). Other
 # errors keep their traceback: a ValueError deep in a long run is more likely a bug than a typo.
-RUN_INPUT_ERRORS = (ConfigError, DataError, CheckpointError)
+RUN_INPUT_ERRORS = (ConfigError, DataError, CheckpointError, RunFolderBusy)
+IO_ERROR_STATUS = 74  # EX_IOERR of sysexits.h: the disk is full, a file system failed or went away
 _REPORTING = "AIAYN_REPORTS_HYDRA_ERRORS"  # set with HYDRA_FULL_ERROR by us, not by the user
 
 
@@ -41,8 +46,8 @@ def reported_as_usage_errors(program: str) -> Iterator[None]:
 
 @contextmanager
 def reported_hydra_errors(program: str) -> Iterator[None]:
-    """Around a Hydra app: Hydra's own errors (an unknown key or config option, a malformed override) in
-    one line on stderr, exit status 2.
+    """Around a Hydra app: Hydra's own errors (an unknown key or config option, a malformed override) and
+    interpolations that cannot be resolved, in one line on stderr, exit status 2.
 
     Hydra prints them itself, with a hint about tracebacks, and exits with 1, unless ``HYDRA_FULL_ERROR=1``,
     when it raises them: that is set here, for this process and the DDP ranks it starts. A user who
@@ -57,6 +62,8 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
         yield
     except CompactHydraException as error:
         fail(program, error, 2)
+    except OmegaConfBaseException as error:  # an interpolation that cannot be resolved: name='${oops}'
+        fail(program, unresolvable(error), 2)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -70,25 +77,69 @@ def reported_run_errors(program: str, run_dir: Path, created: bool) -> Iterator[
     """Around a training run (inside the Hydra app): one line on stderr, no traceback, for
 
     - :data:`RUN_INPUT_ERRORS`: exit status 2, fix the input and run again; ``run_dir`` is removed when
-      this command ``created`` it and it holds nothing but Hydra's files (the run never started);
+      this command ``created`` it and it holds nothing but Hydra's files and the lock (the run never
+      started; never when another process holds the folder);
     - :class:`~aiayn.errors.TrainingDiverged`: status 1;
     - :class:`~aiayn.training.callbacks.preemption.Preempted` (a checkpoint was saved at a signal):
-      128 + the signal's number, as a shell reports a process that a signal ended; Lightning's stop at
-      SIGTERM after training (while testing) likewise.
+      128 + the signal's number, as a shell reports a process that a signal ended, with the command
+      that continues the run (``created``: a folder of its own, which the same command would not
+      choose again); Lightning's stop at SIGTERM after training (while testing) likewise;
+    - an ``OSError`` (a full disk, a failing file system): :data:`IO_ERROR_STATUS`; the checkpoints
+      already written are whole (they are written atomically).
     """
     try:
         yield
-    except RUN_INPUT_ERRORS as error:
-        if created and all(path.name == ".hydra" or path.suffix == ".log" for path in run_dir.iterdir()):
+    except (*RUN_INPUT_ERRORS, OmegaConfBaseException) as error:
+        if created and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
-        fail(program, error, 2)
+        fail(program, unresolvable(error) if isinstance(error, OmegaConfBaseException) else error, 2)
     except TrainingDiverged as error:
         fail(program, error, 1)
     except Preempted as error:
-        fail(program, error, 128 + error.signum, "stopped")
+        fail(program, f"{error} {continue_advice(run_dir, created)}", 128 + error.signum, "stopped")
     except SIGTERMException:
-        message = f"SIGTERM received after training; run the same command again to evaluate {run_dir}"
+        message = f"SIGTERM received after training; {continue_advice(run_dir, created)} to evaluate it"
         fail(program, message, 128 + signal.SIGTERM, "stopped")
+    except OSError as error:
+        fail(program, f"{error} (an input/output error: free space or fix the file system, then run "
+             f"again; {continue_advice(run_dir, created)})", IO_ERROR_STATUS, "I/O error")  # fmt: skip
+
+
+def unresolvable(error: OmegaConfBaseException) -> str:
+    """One line for a setting OmegaConf cannot resolve (``name='${oops}'``), naming its key."""
+    where = f" (in {error.full_key})" if getattr(error, "full_key", None) else ""
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"a setting cannot be resolved: {first}{where}; check the ${{...}} of the overrides"
+
+
+def only_hydra_files(run_dir: Path) -> bool:
+    """``run_dir`` holds nothing a run wrote: Hydra's files, its log, the lock."""
+    return run_dir.is_dir() and all(
+        path.name in (".hydra", LOCK_FILE) or path.suffix == ".log" for path in run_dir.iterdir()
+    )
+
+
+def continue_advice(run_dir: Path, created: bool) -> str:
+    """How to continue the run of ``run_dir``: the same command, where it names the folder (a sweep's
+    trial, ``hydra.run.dir=``); else with the folder added, since the same command starts a new one."""
+    if created:
+        return f"continue it with the same command plus hydra.run.dir={run_dir}"
+    return "continue it with the same command"
+
+
+class _LibraryTips(logging.Filter):
+    """Drops Lightning's advertisement of its cloud logger, printed at every Trainer's start."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip:")
+
+
+def quiet_libraries() -> None:
+    """Keep the console to lines a user can act on: no advertisements, no deprecation warnings that
+    Lightning raises about torch's own internals (they are for Lightning's developers)."""
+    for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_LibraryTips())
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 def fail(program: str, error: BaseException | str, status: int, what: str = "error") -> None:

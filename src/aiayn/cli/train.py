@@ -7,18 +7,22 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 from pytorch_lightning.utilities import rank_zero_only
 
-from aiayn.cli.common import reported_hydra_errors, reported_run_errors
+from aiayn.cli.common import fail, quiet_libraries, reported_hydra_errors, reported_run_errors
 from aiayn.config.compose import config_dir
 from aiayn.config.naming import RUN_DIR_ENV
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, RunFolderBusy
 from aiayn.experiments.run import train
+from aiayn.files import hold_run_folder, release_run_folder
 from aiayn.training.allocator import retain_freed_memory
 
 log = logging.getLogger(__name__)
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 
 def main() -> None:
     """The console script: :func:`run`, with errors a user can act on reported in one line."""
+    quiet_libraries()
     with reported_hydra_errors("aiayn-train"):
         run()
 
@@ -52,6 +57,34 @@ def run(cfg: DictConfig) -> None:
         results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
+
+
+class RunFolderLock(Callback):
+    """Makes this process the one writer of the run's folder (:func:`aiayn.files.hold_run_folder`) as
+    soon as Hydra has chosen it, before Hydra writes ``.hydra/`` into it: a second ``aiayn-train`` in a
+    folder that a living run writes stops here, with exit status 2, and changes nothing in it. The
+    run's own lock in :func:`~aiayn.experiments.run.train` is then this one. A multirun's jobs (whose
+    folders Hydra chooses later) take theirs there."""
+
+    def __init__(self) -> None:
+        self.held: Path | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if rank_zero_only.rank != 0:  # a DDP rank that Lightning started: the first rank holds the folder
+            return
+        HydraConfig.instance().set_config(config)  # the folder's name reads the runtime choices
+        try:
+            folder = Path(config.hydra.run.dir)
+        except OmegaConfBaseException:
+            return  # a setting in the name that cannot be resolved: Hydra reports it in a moment
+        try:
+            self.held = folder if hold_run_folder(folder) else None
+        except RunFolderBusy as error:
+            fail("aiayn-train", error, 2)
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.held:  # the run ended inside a longer process (a test, a notebook)
+            release_run_folder(self.held)
 
 
 def dashboard_group(cfg: DictConfig) -> str | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from aiayn.files import run_folder_holder
+
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
 RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
@@ -97,7 +99,8 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
     continues there from its last checkpoint); under ``wandb agent``, ``<sweep>/<the overrides the sweep
     sets>-<W&B run id>`` (random and bayes may propose one setting twice); with ``resume=true``, the
     latest earlier run of ``name`` that has a last checkpoint (:func:`latest_run`); else
-    ``outputs/<name>/<start time>``."""
+    ``outputs/<name>/<start time>``, created here so that no other run takes it: a run started in the
+    same second (another seed of a grid started by a script) gets ``<start time>-2``."""
     if os.environ.get(RUN_DIR_ENV):
         return os.environ[RUN_DIR_ENV]
     if sweep:
@@ -105,13 +108,29 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
         chosen = [o for o in overrides if o.split("=", 1)[0] in swept] if swept else defining_overrides(overrides)
         run_id = os.environ.get("WANDB_RUN_ID")
         return str(Path(sweep) / (run_label(chosen) + (f"-{run_id}" if run_id else "")))
-    fresh = f"outputs/{name}/{now}"
-    if resume is True:
-        return str(latest_run(Path(fresh).parent) or fresh)
-    return fresh
+    runs = Path("outputs") / name
+    if resume is True and (latest := latest_run(runs)):
+        return str(latest)
+    return str(reserved_folder(runs, now))
+
+
+def reserved_folder(parent: Path, name: str) -> Path:
+    """A new folder ``parent/name`` (or ``name-2``, ``name-3``, ... when that exists), created atomically:
+    of two processes choosing one name at once, exactly one gets it."""
+    parent.mkdir(parents=True, exist_ok=True)
+    attempt = 1
+    while True:
+        folder = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            attempt += 1
 
 
 def latest_run(runs: Path) -> Path | None:
-    """The run folder under ``runs`` whose ``checkpoints/last.ckpt`` was written last, or None."""
+    """The run folder under ``runs`` whose ``checkpoints/last.ckpt`` was written last, or None; a run
+    that a living process still writes (:func:`aiayn.files.run_folder_holder`) is not a candidate."""
     found = [(last.stat().st_mtime_ns, last.parents[1]) for last in runs.glob("*/checkpoints/last.ckpt")]
-    return max(found)[1] if found else None
+    idle = [(written, run) for written, run in found if run_folder_holder(run) is None]
+    return max(idle)[1] if idle else None

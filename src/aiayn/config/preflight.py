@@ -31,7 +31,7 @@ from aiayn.config.build import (
 )
 from aiayn.errors import ConfigError, is_number, whole
 from aiayn.machine import available_cpus
-from aiayn.training.module import check_optimization
+from aiayn.training.module import EVALUATION_METRICS, check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
@@ -105,7 +105,18 @@ def check_positions(data: DictConfig, model: DictConfig) -> None:
 
 
 def check_checkpointing(checkpoint: DictConfig) -> None:
-    """``checkpoint.keep_last`` and ``checkpoint.average_last`` must fit together."""
+    """``checkpoint.monitor`` is a metric every validation logs (else the run fails at its first
+    validation, after the work), ``checkpoint.mode`` says which way it improves, and
+    ``checkpoint.keep_last`` and ``checkpoint.average_last`` fit together."""
+    monitored = [f"val/{name}" for name in EVALUATION_METRICS]
+    if checkpoint.monitor not in monitored:
+        raise ConfigError(
+            "checkpoint.monitor", checkpoint.monitor, f"is not a validation metric; use one of {', '.join(monitored)}"
+        )
+    if checkpoint.mode not in ("min", "max"):
+        raise ConfigError(
+            "checkpoint.mode", checkpoint.mode, "must be max (val/bleu) or min (val/loss, val/nll, val/ppl)"
+        )
     keep, average = checkpoint.keep_last, checkpoint.average_last
     if not whole(keep, 0):
         raise ConfigError("checkpoint.keep_last", keep, "must be a whole number >= 0 (0 keeps no step checkpoints)")

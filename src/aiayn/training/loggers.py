@@ -130,6 +130,9 @@ class WandbRunLogger(WandbLogger):
             log_model=False,
             settings=wandb.Settings(init_timeout=init_timeout),
         )
+        # Lightning passes anonymous=None, which W&B answers with a warning a user cannot act on.
+        if self._wandb_init.get("anonymous") is None:
+            self._wandb_init.pop("anonymous", None)
 
     @property
     def mode(self) -> str:

@@ -19,26 +19,26 @@ from aiayn.training.callbacks.checkpointing import LastCheckpoint
 from aiayn.training.distributed import max_over_ranks
 
 log = logging.getLogger(__name__)
-PREEMPTION_SIGNALS = (signal.SIGTERM,)  # a scheduler stopping the job (SLURM's preemption, its time limit)
+# A scheduler stopping the job (SLURM's preemption, its time limit), and Ctrl-C at a terminal.
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # advance notices: sbatch --signal=USR1@120, submitit's USR2
 
 
 class Preempted(Exception):
-    """The run saved its last checkpoint after a signal and stopped; the same command continues it."""
+    """The run saved its last checkpoint after a signal and stopped; the command-line tool says how to
+    continue it (:func:`aiayn.cli.common.continue_advice`)."""
 
     def __init__(self, signum: int, step: int, checkpoint: Path) -> None:
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(
-            f"{name} received: stopped after step {step} and saved {checkpoint}; run the same command again "
-            "(or add resume=true) to continue from there"
-        )
+        super().__init__(f"{name} received: stopped after step {step} and saved {checkpoint};")
 
 
 class Preemption(Checkpoint):
-    """On SIGTERM, SIGUSR1 or SIGUSR2 (a scheduler's notice before it stops or requeues a job) the run
-    finishes its current optimizer step, has ``last`` write ``last.ckpt`` (from which a restarted run
-    continues with the next batch) and stops with :class:`Preempted`.
+    """On SIGTERM, SIGUSR1 or SIGUSR2 (a scheduler's notice before it stops or requeues a job) and on
+    SIGINT (Ctrl-C; a second one stops at once, without saving) the run finishes its current optimizer
+    step, has ``last`` write ``last.ckpt`` (from which a restarted run continues with the next batch)
+    and stops with :class:`Preempted`.
 
     A signal that comes during a validation is acted on at its end, where the validation's own
     ``last.ckpt`` is the checkpoint; a step due for validation validates before the run stops, so the
@@ -46,10 +46,10 @@ class Preemption(Checkpoint):
     step's metrics, when the next batch would start (or training ends).
 
     SIGUSR1 and SIGUSR2 then go on to the handlers they had before training (Lightning's SLURM requeue,
-    submitit's checkpoint-and-requeue); SIGTERM's (Lightning's would stop without a checkpoint) does
-    not run. As a :class:`~pytorch_lightning.callbacks.Checkpoint` this callback runs after the others,
-    whose state (token counts, random generators) then includes the step. A signal that reaches one DDP
-    rank stops all of them at the same step.
+    submitit's checkpoint-and-requeue); SIGTERM's and SIGINT's (Lightning's would stop without a
+    checkpoint) do not run. As a :class:`~pytorch_lightning.callbacks.Checkpoint` this callback runs
+    after the others, whose state (token counts, random generators) then includes the step. A signal
+    that reaches one DDP rank stops all of them at the same step.
     """
 
     def __init__(self, last: LastCheckpoint) -> None:
@@ -60,6 +60,8 @@ class Preemption(Checkpoint):
         self._step: int | None = None
 
     def _notice(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.received == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without waiting for the step to end
         self.received = signum
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -1,0 +1,112 @@
+"""One writer per run folder: a living run's folder is refused to a second ``aiayn-train`` (exit 2, the
+holder named, nothing of the first run changed), released by the OS when its process dies however it
+dies, skipped by ``resume=true``; fresh run folders never collide."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from aiayn.config.naming import latest_run, reserved_folder
+from aiayn.errors import RunFolderBusy
+from aiayn.files import hold_run_folder, release_run_folder, run_folder_holder
+from helpers.runs import smoke_run
+
+TESTS = Path(__file__).resolve().parent
+HOLD = (
+    "import sys, time\nfrom aiayn.files import hold_run_folder\n"
+    "hold_run_folder(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)\n"
+)
+
+
+def holder(folder: Path) -> subprocess.Popen[str]:
+    """Another process that holds ``folder`` until it is killed."""
+    process = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "held\n"
+    return process
+
+
+def train(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "aiayn.cli.train", f"hydra.run.dir={run_dir}", *overrides]
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_second_aiayn_train_in_a_living_runs_folder_is_refused_and_changes_nothing(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}',pause:1.0}}]"
+    first = train(run_dir, *smoke_run(corpus_root, cache_dir, recorder))
+    deadline = time.monotonic() + 300
+    while not (run_dir / "batches.rank0.jsonl").is_file():
+        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
+        time.sleep(0.05)
+    hydra_files = {path.name: path.read_bytes() for path in (run_dir / ".hydra").iterdir()}
+
+    second = train(run_dir, *smoke_run(corpus_root, cache_dir, "seed=7"))
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 2
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"aiayn-train: error: run folder {run_dir} is in use by pid {first.pid} on ")
+    assert {path.name: path.read_bytes() for path in (run_dir / ".hydra").iterdir()} == hydra_files
+
+    assert first.poll() is None  # the first run went on
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file() and run_folder_holder(run_dir) is None
+
+
+def test_a_killed_holder_releases_its_folder(tmp_path: Path) -> None:
+    process = holder(tmp_path / "run")
+    assert (
+        run_folder_holder(tmp_path / "run")
+        == f"pid {process.pid} on {os.uname().nodename}, since "
+        + (run_folder_holder(tmp_path / "run") or "").split(", since ")[-1]
+    )
+    with pytest.raises(RunFolderBusy, match=f"in use by pid {process.pid} "):
+        hold_run_folder(tmp_path / "run")
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert run_folder_holder(tmp_path / "run") is None
+    assert hold_run_folder(tmp_path / "run") is True
+    release_run_folder(tmp_path / "run")
+
+
+def test_fresh_run_folders_of_one_second_never_collide(tmp_path: Path) -> None:
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom aiayn.config.naming import reserved_folder\n"
+        "print(reserved_folder(Path(sys.argv[1]), '2026-12-01_10-00-00'))\n"
+    )
+    processes = [
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    folders = [process.communicate(timeout=120)[0].strip() for process in processes]
+    assert sorted(Path(folder).name for folder in folders) == [
+        "2026-12-01_10-00-00", "2026-12-01_10-00-00-2", "2026-12-01_10-00-00-3", "2026-12-01_10-00-00-4"
+    ]  # fmt: skip
+    assert reserved_folder(tmp_path, "2026-12-01_10-00-00").name == "2026-12-01_10-00-00-5"
+
+
+def test_resume_true_skips_runs_that_a_living_process_writes(tmp_path: Path) -> None:
+    for name, written in (("older", 1_000_000), ("newer", 2_000_000)):
+        last = tmp_path / name / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"x")
+        os.utime(last, (written, written))
+    assert latest_run(tmp_path) == tmp_path / "newer"
+    process = holder(tmp_path / "newer")
+    try:
+        assert latest_run(tmp_path) == tmp_path / "older"
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert latest_run(tmp_path) == tmp_path / "newer"
