@@ -90,11 +90,12 @@ def check_own_overrides(path: Path, stored: Sequence[str] | None, overrides: Seq
     """A folder that continues by itself continues the run of the same overrides, not another one."""
     if stored is None:
         return
-    theirs, ours = sorted(defining_overrides(stored)), sorted(defining_overrides(overrides))
+    theirs, ours = set(defining_overrides(stored)), set(defining_overrides(overrides))
     if theirs != ours:
         raise CheckpointError(
-            f"{path.parents[1]} holds the run of {' '.join(theirs) or 'no overrides'}, this one is of "
-            f"{' '.join(ours) or 'no overrides'}: a run folder continues only its own run; start this one in "
+            f"{path.parents[1]} holds the run of {' '.join(sorted(theirs - ours)) or 'fewer overrides'}, this "
+            f"one is of {' '.join(sorted(ours - theirs)) or 'fewer overrides'}: a run folder continues only its "
+            "own run; start this one in "
             "another folder (hydra.sweep.dir=... for a multirun), or add resume=true to continue it with these"
         )
 
@@ -108,7 +109,7 @@ def check_same_training(
     changed = [key for key in changed if not key.startswith(NOT_COMPARED) and key in before]
     fixed = [key for key in changed if key.startswith(FIXED)]
     if fixed:
-        key = fixed[0]
+        key = min(fixed, key=lambda k: (k.count("."), k))  # seed, not data.seed that follows it
         raise CheckpointError(
             f"checkpoint {path} was trained with {key}={show(before.get(key))}, this run has "
             f"{key}={show(now.get(key))}: a resumed run cannot change it; resume with {key}={show(before.get(key))} "
