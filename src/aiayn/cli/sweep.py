@@ -3,7 +3,8 @@
 The same file works with ``wandb sweep <file>`` + ``wandb agent <id>``; this runs its trials one after
 another (or ``--parallel N`` at a time), logs them to W&B offline and records them in the sweep's folder,
 so that running it again skips what has finished. ``--dry-run`` lists the trials and checks that each
-composes as a Hydra config, without training.
+composes as a Hydra config, without training. Ctrl-C or SIGTERM stops the running trials gently (they save
+their last checkpoint) and exits with 128 + the signal; a second Ctrl-C kills them at once.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from aiayn.cli.common import reported_as_usage_errors
 from aiayn.config.compose import compose_config
 from aiayn.experiments.sweep import (
     FINISHED,
+    SweepStopped,
     Trial,
     command_overrides,
     expand,
@@ -74,20 +75,18 @@ def show(trial: Trial) -> None:
     print(f"{trial.name} {trial.state} ({outcome}): {params}", flush=True)
 
 
-def stop(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)  # `kill` stops the trials too, as Ctrl-C does
-
-
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s")
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, stop)
     with reported_as_usage_errors("aiayn-sweep"):
         if args.dry_run:
             sys.exit(dry_run(args))
         try:
             state = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
-        except KeyboardInterrupt:
+        except SweepStopped as stopped:  # while trials ran: they were stopped and recorded
+            print(f"aiayn-sweep: {stopped}", file=sys.stderr)
+            sys.exit(128 + stopped.signum)
+        except KeyboardInterrupt:  # before any trial started
             print("aiayn-sweep: interrupted; run the same command again to continue", file=sys.stderr)
             sys.exit(130)
     trials, folder = state.trials, os.path.relpath(state.folder)

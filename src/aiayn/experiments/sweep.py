@@ -8,6 +8,12 @@ trials' run folders, ``<folder>/<their swept overrides>`` (handed to each trial 
 which conf/train.yaml's run folder follows; ``$AIAYN_SWEEP_DIR`` groups the W&B runs). Run again, a sweep
 skips its finished trials, runs failed and interrupted ones again (they continue from their last
 checkpoint) and proposes new ones until it has its count.
+
+Each trial runs in a process group of its own, so that a terminal's Ctrl-C reaches the runner alone: at
+SIGINT or SIGTERM the runner sends its trials SIGTERM (they save ``checkpoints/last.ckpt`` and exit),
+records them as interrupted and raises :class:`SweepStopped`. A runner killed outright leaves its trials
+running; run again, it starts no trial twice: a trial whose run folder a living process still holds
+(:func:`aiayn.files.run_folder_holder`) is waited for, and its ``results.json`` taken or the trial continued.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,18 +36,32 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
+from aiayn.files import atomic_write, run_folder_holder
 from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
 
 ARGS_MACRO = "${args_no_hyphens}"  # W&B's macro for the parameters as key=value: Hydra's override syntax
 STATE_FILE = "sweep.json"
-FINISHED, FAILED, RUNNING = "finished", "failed", "running"
-STOP_SECONDS = 60  # stopped trials' time to end cleanly and flush W&B before they are killed
+FINISHED, FAILED, RUNNING, INTERRUPTED = "finished", "failed", "running", "interrupted"
+STOP_SECONDS = 60  # stopped trials' time to save last.ckpt, end cleanly and flush W&B before they are killed
+POLL_SECONDS = 0.2  # how often the runner looks at its trials and at the run folders it waits for
 
 
 class SweepError(ValueError):
     """A sweep file or folder that cannot be run; the message names the file and the fix."""
+
+
+class SweepStopped(Exception):
+    """SIGINT or SIGTERM stopped the runner; its running trials were stopped and recorded as interrupted."""
+
+    def __init__(self, signum: int, stopped: int, state: Path) -> None:
+        self.signum = signum
+        name = signal.Signals(signum).name
+        super().__init__(
+            f"{name} received: {stopped} running trial(s) stopped and recorded as interrupted in {state}; "
+            "run the same command again to continue the sweep"
+        )
 
 
 def load_sweep(path: Path) -> dict[str, Any]:
@@ -186,7 +206,8 @@ class Trial:
         return f"trial-{self.number:04d}"
 
     def as_sweep_run(self, engine: Any, config: dict[str, Any]) -> Any:
-        state = {FINISHED: "finished", FAILED: "failed"}.get(self.state, "running")
+        # an interrupted trial runs again: to bayes it is under way ("preempted"), not a failure to avoid
+        state = {FINISHED: "finished", FAILED: "failed", INTERRUPTED: "preempted"}.get(self.state, "running")
         metric = config.get("metric", {}).get("name")
         summary = {metric: self.metric} if metric and self.metric is not None else {}
         return engine.SweepRun(
@@ -221,21 +242,26 @@ class SweepState:
                 f"{folder} holds a sweep of another config than {source}; pass --dir <another folder> "
                 "or move the old one away"
             )
-        for trial in trials:  # a runner that was killed left them running
+        for trial in trials:  # a runner that was killed left them running (they may still be)
             if trial.state == RUNNING:
-                trial.state, trial.error = FAILED, "interrupted"
+                trial.state, trial.error = INTERRUPTED, "its runner ended while it ran"
         return cls(folder, config, trials)
 
     def save(self) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / STATE_FILE
-        scratch = path.with_suffix(".json.tmp")
-        scratch.write_text(json.dumps({"config": self.config, "trials": [asdict(t) for t in self.trials]}, indent=2))
-        os.replace(scratch, path)
+        state = {"config": self.config, "trials": [asdict(t) for t in self.trials]}
+        atomic_write(self.folder / STATE_FILE, json.dumps(state, indent=2))  # a killed runner leaves it whole
 
 
 def default_folder(config: dict[str, Any], source: Path) -> Path:
-    return Path("outputs") / "sweeps" / str(config.get("name") or Path(source).stem)
+    """``outputs/sweeps/<the file's name: key, else its file name>``; a name that is not one plain folder name
+    (``../x``, ``/x``, ``a/b``, ``.``, empty) would put the sweep and its trials somewhere else."""
+    name = str(Path(source).stem if config.get("name") is None else config["name"])
+    if name in ("", "..") or Path(name).name != name:
+        raise SweepError(
+            f"{source}: name: {name!r} is not a folder name (the sweep's folder is outputs/sweeps/<name>); "
+            "use a plain name, without / or .., or pass --dir <folder>"
+        )
+    return Path("outputs") / "sweeps" / name
 
 
 def trial_count(config: dict[str, Any], count: int | None, source: Path) -> int | None:
@@ -282,55 +308,157 @@ def exclusive(folder: Path) -> Iterator[None]:
 
 
 def run_trials(state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None]) -> None:
-    queue = [trial for trial in state.trials if trial.state != FINISHED]
-    env = trial_environment(state.folder, parallel)
-    running: dict[int, tuple[Trial, subprocess.Popen[bytes], float]] = {}
+    """Run the sweep's unfinished trials, then new ones, until it has ``total``; SIGINT or SIGTERM stops
+    the running ones and raises :class:`SweepStopped`."""
+    runner = TrialRunner(state, total, parallel, report)
+    with stop_requests() as stop:
+        try:
+            runner.run(stop)
+        finally:  # stopped, or an error of the runner's own: no trial is left running unwatched
+            stopped = runner.stop_all(stop)
+    if stop.signum is not None:
+        raise SweepStopped(stop.signum, stopped, state.folder / STATE_FILE)
 
-    def finish(trial: Trial, returncode: int, started: float) -> None:
-        finish_trial(trial, returncode, time.monotonic() - started, state)
-        state.save()
-        report(trial)
 
+@dataclass
+class Launched:
+    """A trial's process, started by this runner."""
+
+    trial: Trial
+    process: subprocess.Popen[bytes]
+    started: float
+
+
+class StopRequest:
+    """What the runner's SIGINT and SIGTERM handlers record, for the runner to act on between two of its
+    steps (never between a trial's start and its record): the first signal asks it to stop its trials
+    gently; a second Ctrl-C kills them at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.hurry = False
+        self.processes: list[subprocess.Popen[bytes]] = []  # the trials being stopped
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.signum is None:
+            self.signum = signum
+        elif signum == signal.SIGINT:
+            self.hurry = True
+            signal_groups(self.processes, signal.SIGKILL)
+
+
+@contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """SIGINT and SIGTERM recorded in a :class:`StopRequest` for the duration of the block."""
+    stop = StopRequest()
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while True:
-            while len(running) < parallel:
-                trial = queue.pop(0) if queue else new_trial(state, total)
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def signal_groups(processes: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
+    """Send ``signum`` to the process group of each trial not yet reaped (its pid, and so its group, is still
+    its own): the trial and its workers."""
+    for process in processes:
+        if process.returncode is None:
+            with suppress(ProcessLookupError):
+                os.killpg(process.pid, signum)
+
+
+class TrialRunner:
+    """The trials of one runner, ``parallel`` at a time, none started in a run folder that another process
+    holds: a trial that outlived a killed runner is waited for (it takes a place), not started twice."""
+
+    def __init__(self, state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None]) -> None:
+        self.state, self.total, self.parallel, self.report = state, total, parallel, report
+        self.queue = [trial for trial in state.trials if trial.state != FINISHED]
+        self.env = trial_environment(state.folder, parallel)
+        self.running: dict[int, Launched] = {}
+        self.waiting: dict[int, Trial] = {}  # their run folders are held by processes this runner did not start
+
+    def run(self, stop: StopRequest) -> None:
+        """Until every trial has ended, or ``stop`` holds a signal."""
+        while stop.signum is None:
+            while len(self.running) + len(self.waiting) < self.parallel and stop.signum is None:
+                trial = self.queue.pop(0) if self.queue else new_trial(self.state, self.total)
                 if trial is None:
                     break
-                process, started = start_trial(trial, state, env)
-                state.save()
-                if process is None:
-                    report(trial)
-                else:
-                    running[trial.number] = (trial, process, started)
-            if not running:
-                break
-            for number, (trial, process, started) in list(running.items()):
-                if process.poll() is not None:
-                    del running[number]
-                    finish(trial, process.returncode, started)
-            time.sleep(0.2)
-    except BaseException:  # Ctrl-C or SIGTERM: stop the trials (they are run again, and continue, next time)
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan them
-        try:
-            for _, process, _ in running.values():
-                if process.poll() is None:
-                    process.terminate()  # Lightning and W&B stop cleanly and flush
-            deadline = time.monotonic() + STOP_SECONDS
-            for trial, process, started in running.values():
-                try:
-                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-                if process.returncode == 0:  # it finished before it could stop
-                    finish(trial, 0, started)
-                else:
-                    trial.state, trial.error = FAILED, "interrupted"
-                    state.save()
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        raise
+                self.launch(trial)
+            if not self.running and not self.waiting:
+                return
+            self.poll()
+            time.sleep(POLL_SECONDS)
+
+    def launch(self, trial: Trial) -> None:
+        """Start ``trial``; or, when a living process holds its run folder, wait for that process; or, when
+        such a process has ended and left ``results.json``, take its results."""
+        trial.run_dir = trial_folder(trial, self.state)
+        folder = self.state.folder / trial.run_dir
+        holder = run_folder_holder(folder)
+        if holder:
+            trial.state, trial.error = INTERRUPTED, f"waiting for {holder}, which holds its run folder"
+            log.warning("%s: not started: its run folder %s is in use by %s; waiting", trial.name, folder, holder)
+            self.waiting[trial.number] = trial
+            self.state.save()
+            return
+        if trial.state == INTERRUPTED and (folder / "results.json").is_file():  # it ended while no runner watched
+            log.info("%s: taking results.json of the run that ended in %s", trial.name, folder)
+            trial.returncode, trial.seconds = None, None
+            take_results(trial, self.state)
+            self.record(trial)
+            return
+        process, started = start_trial(trial, self.state, self.env)
+        if process is None:
+            self.record(trial)
+        else:
+            self.running[trial.number] = Launched(trial, process, started)
+            self.state.save()
+
+    def poll(self) -> None:
+        """Record the trials that ended; launch those whose run folders were released."""
+        for launched in list(self.running.values()):
+            if launched.process.poll() is not None:
+                del self.running[launched.trial.number]
+                seconds = time.monotonic() - launched.started
+                finish_trial(launched.trial, launched.process.returncode, seconds, self.state)
+                self.record(launched.trial)
+        for trial in list(self.waiting.values()):
+            if run_folder_holder(self.state.folder / (trial.run_dir or "")) is None:
+                del self.waiting[trial.number]
+                self.launch(trial)
+
+    def stop_all(self, stop: StopRequest) -> int:
+        """Stop the running trials: SIGTERM to each one's process group (the trial saves
+        ``checkpoints/last.ckpt`` and exits, its workers with it), SIGKILL to the groups still there after
+        :data:`STOP_SECONDS` or at a second Ctrl-C. Each is recorded as interrupted (or as it ended, when it
+        ended by itself first); returns how many were running."""
+        launched = list(self.running.values())
+        stop.processes = [each.process for each in launched]
+        signal_groups(stop.processes, signal.SIGKILL if stop.hurry else signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for each in launched:
+            try:
+                each.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                signal_groups([each.process], signal.SIGKILL)
+                each.process.wait()
+            del self.running[each.trial.number]
+            returncode, seconds = each.process.returncode, time.monotonic() - each.started
+            if returncode < 0 or returncode == 128 + signal.SIGTERM:  # stopped, or killed, by the runner
+                trial = each.trial
+                trial.state, trial.returncode, trial.seconds = INTERRUPTED, returncode, seconds
+                trial.error = f"stopped (exit code {returncode}); it continues when the sweep runs again"
+            else:
+                finish_trial(each.trial, returncode, seconds, self.state)
+            self.record(each.trial)
+        return len(launched)
+
+    def record(self, trial: Trial) -> None:
+        self.state.save()
+        self.report(trial)
 
 
 def new_trial(state: SweepState, total: int | None) -> Trial | None:
@@ -382,8 +510,10 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
     log.info("%s: %s", trial.name, " ".join(trial.command))
     trial_env = {**env, "WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: str(state.folder / trial.run_dir)}
     with open(logs / f"{trial.name}.log", "ab") as output:
-        try:
-            process = subprocess.Popen(trial.command, stdout=output, stderr=subprocess.STDOUT, env=trial_env)
+        try:  # a session of its own: a terminal's Ctrl-C reaches the runner, which stops the trial gently
+            process = subprocess.Popen(
+                trial.command, stdout=output, stderr=subprocess.STDOUT, env=trial_env, start_new_session=True
+            )
         except OSError as error:
             trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror}"
             return None, time.monotonic()
@@ -393,7 +523,6 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
 def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepState) -> None:
     """Record how a trial ended: finished with its metric (from the run's ``results.json``) or failed."""
     trial.returncode, trial.seconds = returncode, seconds
-    config = state.config
     results = state.folder / (trial.run_dir or "") / "results.json"
     if returncode != 0:
         trial.state, trial.error = FAILED, f"exit code {returncode}; see logs/{trial.name}.log"
@@ -401,10 +530,15 @@ def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepStat
     if not results.is_file():
         trial.state, trial.error = FAILED, f"no {results} after a clean exit; see logs/{trial.name}.log"
         return
-    trial.state = FINISHED
-    metric = config.get("metric", {}).get("name")
+    take_results(trial, state)
+
+
+def take_results(trial: Trial, state: SweepState) -> None:
+    """Record ``trial`` as finished, with its metric from its run folder's ``results.json``."""
+    trial.state, trial.error = FINISHED, None
+    metric = state.config.get("metric", {}).get("name")
     if metric:
-        summary = json.loads(results.read_text())
+        summary = json.loads((state.folder / (trial.run_dir or "") / "results.json").read_text())
         value = summary.get(metric)
         if isinstance(value, (int, float)):
             trial.metric = float(value)
