@@ -7,8 +7,10 @@ download), WMT14 through Hugging Face ``datasets``, and any aligned pair of plai
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
+import http.client
 import os
 import shutil
 import urllib.error
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.errors import ConfigError, DataError
+from aiayn.files import atomic_write
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{stem}.{lang}.gz"
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -74,7 +77,9 @@ def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]
 
 
 def download_multi30k(target: Path, langs: tuple[str, ...]) -> Path:
-    """Fetch the Multi30k task-1 files of ``langs`` into ``target`` (once), atomically per file."""
+    """Fetch the Multi30k task-1 files of ``langs`` into ``target`` (once). Each file is written whole or
+    not at all, through a temporary file of its own (:func:`~aiayn.files.atomic_write`): two processes
+    downloading at once (the first run of two jobs) each rename a complete copy into place."""
     target.mkdir(parents=True, exist_ok=True)
     for stem in MULTI30K_SPLITS.values():
         for lang in langs:
@@ -82,13 +87,10 @@ def download_multi30k(target: Path, langs: tuple[str, ...]) -> Path:
             if path.is_file():
                 continue
             url = MULTI30K_URL.format(stem=stem, lang=lang)
-            partial = path.with_name(path.name + ".part")
             try:
-                with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
-                    shutil.copyfileobj(response, out)
-                os.replace(partial, path)
-            except (urllib.error.URLError, OSError) as err:
-                partial.unlink(missing_ok=True)
+                with urllib.request.urlopen(url, timeout=60) as response:
+                    atomic_write(path, functools.partial(shutil.copyfileobj, response))
+            except (urllib.error.URLError, http.client.HTTPException, OSError) as err:  # HTTPException: cut short
                 raise DataError(
                     f"could not download Multi30k from {url} ({err}); "
                     "download the task-1 raw files yourself and set data.root=<folder>"
@@ -97,10 +99,12 @@ def download_multi30k(target: Path, langs: tuple[str, ...]) -> Path:
 
 
 def file_digest(paths: Sequence[Path]) -> str:
-    """SHA-256 over the bytes of ``paths``, read in blocks (corpus files can be gigabytes)."""
+    """SHA-256 over the bytes of ``paths``, read in blocks (corpus files can be gigabytes). Each file's
+    size goes in before its bytes, so that the boundaries count: ("ab", "c") is not ("a", "bc")."""
     digest = hashlib.sha256()
     for path in paths:
         with open(path, "rb") as handle:
+            digest.update(f"{os.fstat(handle.fileno()).st_size}\n".encode())
             while block := handle.read(1 << 22):
                 digest.update(block)
     return digest.hexdigest()

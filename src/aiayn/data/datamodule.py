@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from aiayn.data.cache import CacheEntry
 from aiayn.data.corpus import (
     DataError,
     HuggingFaceTranslation,
@@ -35,7 +36,7 @@ from aiayn.errors import ConfigError, is_number, whole
 log = logging.getLogger(__name__)
 
 # Bump when the tokenizer's training options or the cache layout change, so old caches are not reused.
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: entries with manifests (data/cache.py), corpus fingerprints with file boundaries
 SAMPLE_SEED = 0  # the tokenizer's training sample does not depend on the run's seed: runs share caches
 ROLES = ("train", "val", "test")
 
@@ -183,18 +184,24 @@ class TranslationDataModule(pl.LightningDataModule):
 
     # -- Lightning hooks --------------------------------------------------------------------------
     def prepare_data(self) -> None:
-        """Train the tokenizer and encode every split, unless the cache has them already (Lightning
-        calls this on one process per node; the other ranks wait and then load the cache)."""
+        """Train the tokenizer and encode every split, unless the cache has them already, whole (Lightning
+        calls this on one process per node; the other ranks wait and then load the cache). A damaged
+        entry (:mod:`aiayn.data.cache`) is reported in one warning and built again; new ids follow a
+        new tokenizer."""
         model_file = self.cache_folder() / "spm.model"
-        if not model_file.is_file():
-            for stale in self.cache_folder().glob("*.offsets.npy"):  # ids of a lost model: encode again
-                stale.unlink()
+        tokenizer = CacheEntry(model_file, (model_file,))
+        retrained = not tokenizer.usable()
+        if retrained:
             self._train_tokenizer(model_file)
+            tokenizer.seal()
         dtype = token_dtype(self.vocab_size)
         for split in self.corpus.splits():
             stems = (self._stem(split, self.src_lang), self._stem(split, self.tgt_lang))
-            if not all(EncodedText.exists(stem) for stem in stems):
+            entries = [CacheEntry(stem, EncodedText.files(stem), (model_file,)) for stem in stems]
+            if retrained or not all([entry.usable() for entry in entries]):  # a list: each damaged one is reported
                 encode_split(self.corpus, split, model_file, stems, dtype, self.encode_workers)
+                for entry in entries:
+                    entry.seal()
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:

@@ -8,11 +8,13 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+from aiayn.files import atomic_write
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -33,14 +35,13 @@ class EncodedText:
 
     @classmethod
     def load(cls, stem: Path) -> EncodedText:
-        return cls(
-            np.load(stem.with_name(f"{stem.name}.tokens.npy"), mmap_mode="r"),
-            np.load(stem.with_name(f"{stem.name}.offsets.npy")),
-        )
+        tokens, offsets = cls.files(stem)
+        return cls(np.load(tokens, mmap_mode="r"), np.load(offsets))
 
     @staticmethod
-    def exists(stem: Path) -> bool:
-        return stem.with_name(f"{stem.name}.offsets.npy").is_file()
+    def files(stem: Path) -> tuple[Path, Path]:
+        """The token and offset files of the entry ``stem``."""
+        return stem.with_name(f"{stem.name}.tokens.npy"), stem.with_name(f"{stem.name}.offsets.npy")
 
     @property
     def lengths(self) -> np.ndarray:
@@ -56,9 +57,10 @@ class EncodedText:
 class EncodedTextWriter:
     """Writes an :class:`EncodedText` chunk by chunk, never holding a whole split in memory.
 
-    Tokens stream into a temporary file; :meth:`close` puts the ``.npy`` header in front and renames
-    the results into place, the offsets last: their presence marks a complete entry, and concurrent
-    writers (one per node) never write into each other's files.
+    Tokens stream into a temporary file; :meth:`close` puts the ``.npy`` header in front and writes
+    both files atomically (:func:`~aiayn.files.atomic_write`): concurrent writers (one per node) never
+    write into each other's files. The cache's manifest (:mod:`aiayn.data.cache`), written after
+    them, says that the entry is complete.
     """
 
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
@@ -87,17 +89,23 @@ class EncodedTextWriter:
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, dtype=np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        descr = np.lib.format.dtype_to_descr(self.dtype)
-        header = {"descr": descr, "fortran_order": False, "shape": (int(offsets[-1]),)}
-        with tempfile.NamedTemporaryFile(dir=self.stem.parent, suffix=".npy", delete=False) as out:
+        header = {
+            "descr": np.lib.format.dtype_to_descr(self.dtype),
+            "fortran_order": False,
+            "shape": (int(offsets[-1]),),
+        }
+
+        def write_tokens(out: IO[bytes]) -> None:
             np.lib.format.write_array_header_1_0(out, header)
             with open(self._raw.name, "rb") as raw:
                 shutil.copyfileobj(raw, out, 1 << 22)
-        os.unlink(self._raw.name)
-        os.replace(out.name, self.stem.with_name(f"{self.stem.name}.tokens.npy"))
-        with tempfile.NamedTemporaryFile(dir=self.stem.parent, suffix=".npy", delete=False) as out:
-            np.save(out, offsets)
-        os.replace(out.name, self.stem.with_name(f"{self.stem.name}.offsets.npy"))
+
+        tokens_file, offsets_file = EncodedText.files(self.stem)
+        try:
+            atomic_write(tokens_file, write_tokens)
+        finally:
+            os.unlink(self._raw.name)
+        atomic_write(offsets_file, lambda out: np.save(out, offsets))
 
 
 class ParallelDataset(Dataset):

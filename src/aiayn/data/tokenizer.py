@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 from aiayn.errors import ConfigError
+from aiayn.files import atomic_write
 from aiayn.machine import available_cpus
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -48,29 +48,30 @@ class Tokenizer:
 
     @classmethod
     def train(cls, lines: Iterable[str], vocab_size: int, model_file: Path) -> Tokenizer:
-        """Train a BPE model on ``lines`` and write it atomically to ``model_file``."""
-        model_file = Path(model_file)
-        model_file.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
-            prefix = os.path.join(tmp, "spm")
-            try:
-                spm.SentencePieceTrainer.train(
-                    sentence_iterator=iter(lines),
-                    model_prefix=prefix,
-                    model_type="bpe",
-                    vocab_size=vocab_size,
-                    character_coverage=1.0,
-                    # identity keeps the text as written, so decoding gives back the reference's characters
-                    normalization_rule_name="identity",
-                    pad_id=PAD_ID,
-                    unk_id=UNK_ID,
-                    bos_id=BOS_ID,
-                    eos_id=EOS_ID,
-                    num_threads=available_cpus(),
-                    minloglevel=2,
-                )
-            except RuntimeError as error:  # the corpus cannot have this many pieces, or needs more
-                reason = ". ".join(str(error).split("] ", 1)[-1].split(". ")[:2]).rstrip(".")
-                raise ConfigError("data.vocab_size", vocab_size, f"does not suit this corpus: {reason}") from None
-            os.replace(prefix + ".model", model_file)
+        """Train a BPE model on ``lines`` and write it atomically to ``model_file``.
+
+        The model is serialized in memory, not through sentencepiece's ``model_prefix``, which it would
+        store inside the model: the same lines give the same bytes, whoever trains them and where.
+        """
+        model = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines),
+                model_writer=model,
+                model_type="bpe",
+                vocab_size=vocab_size,
+                character_coverage=1.0,
+                # identity keeps the text as written, so decoding gives back the reference's characters
+                normalization_rule_name="identity",
+                pad_id=PAD_ID,
+                unk_id=UNK_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                num_threads=available_cpus(),
+                minloglevel=2,
+            )
+        except RuntimeError as error:  # the corpus cannot have this many pieces, or needs more
+            reason = ". ".join(str(error).split("] ", 1)[-1].split(". ")[:2]).rstrip(".")
+            raise ConfigError("data.vocab_size", vocab_size, f"does not suit this corpus: {reason}") from None
+        atomic_write(Path(model_file), model.getvalue())
         return cls(model_file)
