@@ -1,9 +1,26 @@
-"""``aiayn-translate``: translate lines from stdin (or a file) to stdout (or a file); see conf/translate.yaml."""
+"""``aiayn-translate``: translate lines from stdin (or a file) to stdout (or a file); see conf/translate.yaml.
+
+What is written:
+
+- to stdout, each block of ``buffer_lines`` translations as soon as it is done (a pipe's reader does not
+  wait for the end);
+- to ``output=<file>``, everything at the end, through a temporary file beside it that is renamed over
+  it: a translation that fails or is killed leaves the old file as it was;
+- a line that is not UTF-8 ends the input: the lines before it are translated and written (to stdout,
+  or as the new output file), then one error line names the line (``<file>:<line>``, ``<stdin>:<line>``)
+  and the exit status is 2. Any other error (a line longer than the model reads) writes nothing more.
+
+Every setting is checked before the model is loaded, and ``output`` may not be the input file (through
+any path or link to it): opening it for writing would empty the input before it is read.
+"""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
+from typing import IO
 
 import hydra
 from omegaconf import DictConfig
@@ -11,8 +28,17 @@ from omegaconf import DictConfig
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.config.build import decoding_options
 from aiayn.config.compose import config_dir
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import ConfigError, DataError, whole
 from aiayn.evaluation.translator import Translator
+from aiayn.files import atomic_write, same_file
+
+# The settings that name something, and what they must be.
+NAMES = {
+    "checkpoint": "must be the path of a .ckpt written by aiayn-train or aiayn-average",
+    "input": "must be a file (or null: stdin)",
+    "output": "must be a file (or null: stdout)",
+    "device": "is not a device; use auto, cpu, cuda or cuda:<index>",
+}
 
 
 def main() -> None:
@@ -23,30 +49,76 @@ def main() -> None:
 
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
-    with reported_as_usage_errors("aiayn-translate"), ExitStack() as files:
-        if not whole(cfg.buffer_lines, 1):
-            raise ConfigError("buffer_lines", cfg.buffer_lines, "must be >= 1")
+    with reported_as_usage_errors("aiayn-translate"):
+        source, target = checked_files(cfg)
         translator = Translator.from_checkpoint(
             required_checkpoint(cfg.checkpoint),
             resolve_device(cfg.device),
             decoding=decoding_options(cfg.decoding),
             max_tokens=cfg.max_tokens,
         )
-        if cfg.input:
-            # newline="\n": a stray carriage return inside a line must not split it (stdin agrees)
-            source = files.enter_context(open(cfg.input, encoding="utf-8", newline="\n"))
-        else:
-            sys.stdin.reconfigure(encoding="utf-8")
-            source = sys.stdin
-        if cfg.output:
-            target = files.enter_context(open(cfg.output, "w", encoding="utf-8"))
-        else:
-            sys.stdout.reconfigure(encoding="utf-8")
-            target = sys.stdout
-        lines = (line.rstrip("\r\n") for line in source)
-        for translations in translator.translate_blocks(lines, block=cfg.buffer_lines):
-            target.write("".join(line + "\n" for line in translations))
-            target.flush()  # a reader at the other end of a pipe gets each block at once
+        with ExitStack() as files:
+            stream = files.enter_context(open(source, "rb")) if source else sys.stdin.buffer
+            lines = Utf8Lines(stream, str(source) if source else "<stdin>")
+            blocks = translator.translate_blocks(lines, block=cfg.buffer_lines)
+            if target is None:
+                sys.stdout.reconfigure(encoding="utf-8")
+                for translations in blocks:
+                    sys.stdout.write(text_of(translations))
+                    sys.stdout.flush()  # a reader at the other end of a pipe gets each block at once
+            else:
+                atomic_write(target, lambda out: write_all(blocks, out))
+        if lines.error is not None:
+            raise lines.error
+
+
+def checked_files(cfg: DictConfig) -> tuple[Path | None, Path | None]:
+    """The input and output files (None: stdin, stdout), once the settings are checked (``decoding`` is
+    :func:`~aiayn.config.build.decoding_options`'s): each mistake a :class:`~aiayn.errors.ConfigError`
+    naming its key, before the model is loaded or a file is written."""
+    for key in ("max_tokens", "buffer_lines"):
+        if not whole(cfg[key], 1):
+            raise ConfigError(key, cfg[key], "must be a whole number >= 1")
+    for key, allowed in NAMES.items():
+        if cfg[key] is not None and not isinstance(cfg[key], str):
+            raise ConfigError(key, cfg[key], allowed)
+    source, target = (Path(cfg[key]).expanduser() if cfg[key] else None for key in ("input", "output"))
+    if target is not None and target.is_dir():
+        raise ConfigError("output", cfg.output, "is a folder; give the file to write the translations to")
+    if source is not None and target is not None and same_file(source, target):
+        raise ConfigError("output", cfg.output, f"is the input file {cfg.input}; write the translations elsewhere")
+    return source, target
+
+
+class Utf8Lines:
+    """The lines of a binary stream as text, without their line ends; split at line feeds only, so that
+    a stray carriage return inside a line does not split it (a file as stdin). Iteration stops at the
+    first line that is not UTF-8, and :attr:`error` names it: the lines before it are still translated."""
+
+    def __init__(self, stream: IO[bytes], name: str) -> None:
+        self.stream, self.name = stream, name
+        self.error: DataError | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        for number, raw in enumerate(self.stream, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                self.error = DataError(
+                    f"{self.name}:{number}: invalid UTF-8 ({err.reason} at byte {err.start}); "
+                    f"the {number - 1} line(s) before it were translated"
+                )
+                return
+            yield line.rstrip("\r\n")
+
+
+def text_of(translations: list[str]) -> str:
+    return "".join(line + "\n" for line in translations)
+
+
+def write_all(blocks: Iterable[list[str]], out: IO[bytes]) -> None:
+    for translations in blocks:
+        out.write(text_of(translations).encode("utf-8"))
 
 
 if __name__ == "__main__":

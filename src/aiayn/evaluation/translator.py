@@ -13,6 +13,8 @@ from aiayn.errors import ConfigError, whole
 from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
 from aiayn.training.checkpoints import load_model
 
+CHARS_MARGIN = 2  # a line refused unread has more than twice the characters the model's tokens can hold
+
 
 class Translator:
     """Translates lines of raw text with beam search as ``decoding`` says (the paper's by default).
@@ -30,10 +32,14 @@ class Translator:
         max_tokens: int = 8192,
     ) -> None:
         if not whole(max_tokens, 1):
-            raise ConfigError("max_tokens", max_tokens, "must be >= 1")
+            raise ConfigError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
         self.model, self.tokenizer, self.decoding = model.eval(), tokenizer, decoding
         self.max_tokens = max_tokens
         self.device = next(model.parameters()).device
+        self.max_source_tokens = model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
+        # Characters (spaces aside) that max_source_tokens pieces can hold, times the margin: a line near
+        # the limit is left to the token count, whose message is exact.
+        self.max_chars = CHARS_MARGIN * self.max_source_tokens * longest_piece(tokenizer)
 
     @classmethod
     def from_checkpoint(
@@ -47,9 +53,24 @@ class Translator:
         return cls(model, tokenizer, decoding, max_tokens)
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
-        """Translations of ``lines``, in the same order; errors number lines from ``first_line``."""
-        ids = self.tokenizer.encode([line.strip() for line in lines])
-        limit = self.model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
+        """Translations of ``lines``, in the same order; errors number lines from ``first_line``.
+
+        A line longer than the model reads is a :class:`ValueError`. One with more characters (spaces
+        aside) than :attr:`max_chars`, twice what the model's tokens can hold, is refused before it is
+        tokenized: a 10 MB line costs a second of sentencepiece, and it cannot fit in tokens unless it
+        is mostly characters the model has never seen (a run of those is one unknown token), which it
+        cannot translate anyway.
+        """
+        lines = [line.strip() for line in lines]
+        limit = self.max_source_tokens
+        for number, line in enumerate(lines, start=first_line):
+            chars = len(line) - line.count(" ")  # a run of spaces is one ▁ at most
+            if chars > self.max_chars:
+                raise ValueError(
+                    f"line {number} has {chars} characters besides spaces: far more than the {limit} tokens "
+                    "this model reads at most can hold"
+                )
+        ids = self.tokenizer.encode(lines)
         for number, row in enumerate(ids, start=first_line):
             if len(row) > limit:
                 raise ValueError(f"line {number} has {len(row)} tokens; this model reads at most {limit}")
@@ -91,3 +112,10 @@ class Translator:
             src[r, : len(row)] = torch.tensor(row, dtype=torch.long)
             src[r, len(row)] = self.tokenizer.eos_id
         return src.to(self.device)
+
+
+def longest_piece(tokenizer: Tokenizer) -> int:
+    """The most characters of text one piece of ``tokenizer`` stands for (its ▁ stands for a space)."""
+    sp = tokenizer.sp
+    pieces = (sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not (sp.is_control(i) or sp.is_unknown(i)))
+    return max((len(piece.replace("▁", "")) for piece in pieces), default=1) or 1

@@ -1,0 +1,163 @@
+"""``aiayn-translate`` never destroys what it is given or what it replaces, and says which line is wrong:
+the real console script, on the checkpoint of a real two-step training run."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from aiayn.data.corpus import read_lines
+from aiayn.evaluation.translator import Translator, longest_piece
+from helpers.runs import smoke_run
+
+pytestmark = pytest.mark.slow  # real runs of the console scripts, seconds each
+
+
+@pytest.fixture(scope="module")
+def checkpoint(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The best checkpoint of a two-step ``debug=smoke`` run (seconds): its weights do not matter here."""
+    folder = tmp_path_factory.mktemp("translate-run")
+    overrides = ["trainer.max_steps=2", "trainer.val_check_interval=2", "checkpoint.average_last=0"]
+    command = ["aiayn-train", *smoke_run(corpus_root, folder / "cache", *overrides), f"hydra.run.dir={folder / 'run'}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "run" / "checkpoints" / "best.ckpt"
+
+
+def translate(checkpoint: Path, *overrides: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
+    command = ["aiayn-translate", f"checkpoint={checkpoint}", "decoding=greedy", *overrides]
+    return subprocess.run(command, input=stdin, capture_output=True, timeout=300)
+
+
+def one_error_line(done: subprocess.CompletedProcess[bytes]) -> str:
+    """The one line on stderr of a run that ended with status 2."""
+    stderr = done.stderr.decode()
+    assert done.returncode == 2 and len(stderr.strip().splitlines()) == 1, stderr[-3000:]
+    assert stderr.startswith("aiayn-translate: error: ")
+    return stderr.strip()
+
+
+SOURCE = ["A man is riding a bike.", "Two dogs play in the snow.", "A woman reads a book.", "Children run."]
+
+
+@pytest.mark.parametrize("spelling", ["same", "dotted", "symlink", "hardlink"])
+def test_an_output_that_is_the_input_is_refused_before_anything_is_written(
+    checkpoint: Path, tmp_path: Path, spelling: str
+) -> None:
+    source = tmp_path / "in.en"
+    source.write_text("".join(line + "\n" for line in SOURCE))
+    output = {"same": source, "dotted": tmp_path / "sub" / ".." / "in.en"}.get(spelling, tmp_path / "other.en")
+    (tmp_path / "sub").mkdir()
+    if spelling == "symlink":
+        output.symlink_to(source)
+    elif spelling == "hardlink":
+        output.hardlink_to(source)
+    message = one_error_line(translate(checkpoint, f"input={source}", f"output={output}"))
+    assert message.startswith(f"aiayn-translate: error: output={output} is the input file")
+    assert source.read_text() == "".join(line + "\n" for line in SOURCE)
+
+
+def test_a_failed_translation_leaves_the_old_output_as_it_was(checkpoint: Path, tmp_path: Path) -> None:
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    output.write_text("the old translation\n")
+    too_long = " ".join(["man"] * 1500)  # more tokens than the model reads, not more characters than they can hold
+    source.write_text("".join(line + "\n" for line in [*SOURCE, too_long]))
+    message = one_error_line(translate(checkpoint, f"input={source}", f"output={output}", "buffer_lines=1"))
+    assert re.search(r"line 5 has \d+ tokens; this model reads at most 1023$", message), message
+    assert output.read_text() == "the old translation\n"  # not the four lines translated before line 5
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.en", "out.de"]  # no temporary file left
+
+
+def test_a_killed_translation_leaves_the_old_output_as_it_was(checkpoint: Path, tmp_path: Path) -> None:
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    output.write_text("the old translation\n")
+    source.write_text("".join(line + "\n" for line in SOURCE * 20_000))  # minutes of translating
+    command = ["aiayn-translate", f"checkpoint={checkpoint}", f"input={source}", f"output={output}", "buffer_lines=1"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out.de.*.tmp")) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)  # some blocks translated
+        assert process.poll() is None, "the translation ended before it could be interrupted"
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        process.kill()
+        process.wait()
+    assert output.read_text() == "the old translation\n"
+
+
+@pytest.mark.parametrize("where", ["stdin", "file"])
+def test_invalid_utf8_names_its_line_after_the_lines_before_it_are_written(
+    checkpoint: Path, tmp_path: Path, where: str
+) -> None:
+    good = "".join(line + "\n" for line in SOURCE[:3]).encode()
+    data = good + b"a bad \xff byte\n" + SOURCE[3].encode() + b"\n"
+    expected = translate(checkpoint, stdin=good)  # the same lines, alone
+    assert expected.returncode == 0 and len(expected.stdout.splitlines()) == 3, expected.stderr[-3000:]
+    if where == "stdin":
+        done, name, written = translate(checkpoint, "buffer_lines=10", stdin=data), "<stdin>", None
+    else:
+        source, output = tmp_path / "in.en", tmp_path / "out.de"
+        source.write_bytes(data)
+        done, name = translate(checkpoint, f"input={source}", f"output={output}", "buffer_lines=10"), str(source)
+        written = output.read_bytes()
+    message = one_error_line(done)
+    assert message.startswith(f"aiayn-translate: error: {name}:4: invalid UTF-8 (invalid start byte at byte 6)")
+    assert (done.stdout if where == "stdin" else written) == expected.stdout  # the block's good lines, translated
+
+
+def test_a_huge_line_is_refused_by_its_size_before_it_is_tokenized(checkpoint: Path, tmp_path: Path) -> None:
+    huge = "man " * 2_500_000  # 10 MB without a line end
+    (tmp_path / "in.en").write_text(SOURCE[0] + "\n" + huge)
+    message = one_error_line(translate(checkpoint, f"input={tmp_path / 'in.en'}"))
+    assert "line 2 has 7500000 characters besides spaces: far more than the 1023 tokens" in message
+
+    translator = Translator.from_checkpoint(checkpoint)
+    encoded: list[int] = []  # the length of every line given to sentencepiece
+    encode = translator.tokenizer.encode
+
+    def counted(lines: list[str], threads: int | None = None) -> list[list[int]]:
+        encoded.extend(map(len, lines))
+        return encode(lines, threads)
+
+    translator.tokenizer.encode = counted
+    with pytest.raises(ValueError, match="line 7 has 7500000 characters"):
+        translator.translate([SOURCE[0], huge], first_line=6)
+    assert encoded == []  # not even the short line: the block is refused whole, as an over-long one is
+
+
+def test_the_size_bound_never_refuses_a_line_that_fits(checkpoint: Path, corpus_root: Path) -> None:
+    """No line has more characters (spaces aside) than its tokens can hold: the bound is safe. (Not for
+    characters the model has never seen: a run of them is one unknown token, see Translator.translate.)"""
+    translator = Translator.from_checkpoint(checkpoint)
+    lines = read_lines(corpus_root / "train.en") + read_lines(corpus_root / "train.de") + ["  a   b  ", "a" * 40]
+    longest = longest_piece(translator.tokenizer)
+    assert translator.max_chars == 2 * longest * 1023
+    for line, ids in zip(lines, translator.tokenizer.encode([line.strip() for line in lines]), strict=True):
+        assert len(line.strip()) - line.strip().count(" ") <= len(ids) * longest, line
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("decoding.beam_size=abc", "decoding.beam_size"),
+        ("decoding.alpha=x", "decoding.alpha"),
+        ("decoding.max_len_offset=..", "decoding.max_len_offset"),
+        ("max_tokens=foo", "max_tokens"),
+        ("buffer_lines=1.5", "buffer_lines"),
+        ("input=[1]", "input"),
+        ("output={a:1}", "output"),
+        ("device=[1]", "device"),
+        ("checkpoint=[1]", "checkpoint"),
+    ],
+)
+def test_a_bad_setting_ends_in_one_line_naming_its_key(checkpoint: Path, override: str, key: str) -> None:
+    message = one_error_line(translate(checkpoint, override, stdin=b"a man\n"))
+    assert message.startswith(f"aiayn-translate: error: {key}=")
