@@ -22,6 +22,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
 from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
 from aiayn.errors import CheckpointError, ConfigError, show
 from aiayn.training.checkpoints import (
@@ -32,6 +34,7 @@ from aiayn.training.checkpoints import (
     load_checkpoint,
     step_checkpoints,
 )
+from aiayn.training.loggers import METRICS_CSV, drop_metrics_from
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +59,22 @@ def resume_from(
     which a folder that holds a run refuses. ``config`` is this run's resolved config and ``data_cache``
     the name of its data's cache entry. A job of a multirun or a sweep gives its ``own_overrides``: its
     folder continues by itself only the run of those."""
+    path = requested_checkpoint(requested, run_dir)
+    if path is None:
+        continue_at(run_dir, None, 0)
+        return None
+    check_resumable(path)
+    stored = load_checkpoint(path, mmap=True)
+    run = stored.get(RUN_KEY, {})
+    if requested is None and own_overrides is not None:
+        check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
+    check_same_training(path, run.get("config", {}), config, run.get(DATA_KEY), data_cache)
+    continue_at(run_dir, path, stored.get("global_step", 0))
+    return path
+
+
+def requested_checkpoint(requested: bool | str | None, run_dir: Path) -> Path | None:
+    """The checkpoint ``resume=`` names, or the folder's own ``last.ckpt``, or None (a fresh start)."""
     last = run_dir / "checkpoints" / "last.ckpt"
     if requested is False:
         if last.is_file():
@@ -70,20 +89,24 @@ def resume_from(
             raise ConfigError(
                 "resume", requested, "is not a file; give a checkpoint such as <run>/checkpoints/last.ckpt"
             )
-    elif last.is_file():
-        path = last
-    elif requested is True:
+        return path
+    if last.is_file():
+        return last
+    if requested is True:
         raise ConfigError("resume", True, f"found no earlier run with checkpoints/last.ckpt in {run_dir.parent}")
-    else:
-        return None
-    check_resumable(path)
-    stored = load_checkpoint(path, mmap=True)
-    run = stored.get(RUN_KEY, {})
-    if requested is None and own_overrides is not None:
-        check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
-    check_same_training(path, run.get("config", {}), config, run.get(DATA_KEY), data_cache)
-    set_aside_newer(run_dir / "checkpoints", path, stored.get("global_step", 0))
-    return path
+    return None
+
+
+def continue_at(run_dir: Path, resumed: Path | None, step: int) -> None:
+    """Make the folder hold nothing of a part of the run after ``step`` (0: a fresh start): newer
+    checkpoints are set aside, later metric rows dropped (they are logged again). A part killed while
+    it wrote its first checkpoint leaves rows and no checkpoint. Done by the folder's one writer."""
+    if rank_zero_only.rank != 0:
+        return
+    if resumed is not None:
+        set_aside_newer(run_dir / "checkpoints", resumed, step)
+    if dropped := drop_metrics_from(run_dir / METRICS_CSV, step):
+        log.info("continuing at step %d: dropped %d metric rows logged after it (logged again)", step, dropped)
 
 
 def check_own_overrides(path: Path, stored: Sequence[str] | None, overrides: Sequence[str]) -> None:
@@ -140,7 +163,8 @@ def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
     if not folder.is_dir():
         return
     newer = []
-    for path in [*step_checkpoints(folder), *(folder / name for name in ("last.ckpt", "best.ckpt"))]:
+    # best.ckpt stays: the resumed best callback names it, and the run writes it again when it betters it
+    for path in [*step_checkpoints(folder), folder / "last.ckpt"]:
         if path.is_file() and path.resolve() != resumed.resolve() and _step(path) > step:
             newer.append(path)
     if not newer:

@@ -84,7 +84,10 @@ class RunResults:
 @dataclass
 class RunCallbacks:
     """The callbacks every run has, by role; :meth:`all` in the order Lightning runs them (it moves the
-    checkpoint writers, :class:`~pytorch_lightning.callbacks.Checkpoint` subclasses, to the end)."""
+    checkpoint writers, :class:`~pytorch_lightning.callbacks.Checkpoint` subclasses, to the end). At a
+    validation ``last.ckpt`` is written after ``best.ckpt`` and the step checkpoint: a run killed between
+    them continues from the previous ``last.ckpt`` and writes them again (the newer step checkpoint is
+    set aside), and one killed after it has every checkpoint of the validation."""
 
     best: ModelCheckpoint
     last: LastCheckpoint
@@ -95,7 +98,7 @@ class RunCallbacks:
     others: list[pl.Callback]
 
     def all(self) -> list[pl.Callback]:
-        return [self.best, self.last, self.steps, self.preemption, self.guard, self.throughput, *self.others]
+        return [self.best, self.steps, self.last, self.preemption, self.guard, self.throughput, *self.others]
 
 
 def train(
@@ -225,6 +228,12 @@ def fit(
     """Train (from ``resume`` when given) until a limit; ``last.ckpt`` then holds the final state."""
     trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None, weights_only=True)
     last.after_fit(trainer)
+    # Continued from its final checkpoint (a run killed while it evaluated), Lightning skips the loop and
+    # keeps the counters of the middle of the last step, which the evaluations after training are logged
+    # at; an uninterrupted fit ends with them at the final step and with its last epoch ended.
+    trainer.fit_loop.epoch_loop._batches_that_stepped = trainer.global_step
+    epochs = trainer.fit_loop.epoch_progress.current
+    epochs.processed = epochs.completed = epochs.started
 
 
 def validate_best(

@@ -7,6 +7,7 @@ an account or a network records everything too; ``wandb sync`` uploads it later.
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import netrc
 import os
@@ -24,12 +25,14 @@ from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import ConfigError
+from aiayn.files import atomic_write
 from aiayn.machine import device_name, matmul_precision
 from aiayn.model import count_parameters
 
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
+METRICS_CSV = Path("csv") / "metrics.csv"  # in a run folder: what build_loggers' CSV logger writes
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
 
 
@@ -83,8 +86,28 @@ class ContinuedMetricsWriter(ExperimentWriter):
                 self.metrics_keys = next(csv.reader(rows), [])  # new keys make the writer rewrite the header
 
 
+def drop_metrics_from(path: Path, step: int) -> int:
+    """Remove the rows of ``metrics.csv`` that a run resumed at optimizer step ``step`` logs again: those
+    of Lightning's step ``step`` and later (a training row of optimizer step N carries step N - 1, a
+    validation after step N too; the evaluations after training carry the final step). They were
+    written after the checkpoint, by a part of the run that ended before its next one. Returns how many."""
+    if not path.is_file():
+        return 0
+    with open(path, newline="") as file:
+        rows = list(csv.reader(file))
+    if not rows or "step" not in rows[0]:
+        return 0
+    column = rows[0].index("step")
+    kept = [rows[0], *(row for row in rows[1:] if not row[column] or int(float(row[column])) < step)]
+    if len(kept) < len(rows):
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(kept)
+        atomic_write(path, out.getvalue())
+    return len(rows) - len(kept)
+
+
 class RunCSVLogger(CSVLogger):
-    """``<run_dir>/csv/metrics.csv`` with :class:`ContinuedMetricsWriter`."""
+    """``<run_dir>/csv/metrics.csv`` (:data:`METRICS_CSV`) with :class:`ContinuedMetricsWriter`."""
 
     @property
     @rank_zero_experiment

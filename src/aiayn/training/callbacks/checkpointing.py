@@ -72,10 +72,11 @@ class LastCheckpoint(Checkpoint):
 def validation_checkpoints(
     folder: Path, monitor: str, mode: str, keep_last: int
 ) -> tuple[ModelCheckpoint, LastCheckpoint, ModelCheckpoint]:
-    """The checkpoints written at validations, in the order they run: ``best.ckpt`` (``monitor`` at its
-    ``mode``), :class:`LastCheckpoint`, and the newest ``keep_last`` ``step<N>.ckpt`` ("top k" by step
-    keeps the newest). All at validations only: an end-of-epoch save would mark the epoch done, not
-    resumable in its middle; and a continued run rewrites its own files, never ``best-v1.ckpt``."""
+    """The checkpoints written at validations: ``best.ckpt`` (``monitor`` at its ``mode``),
+    :class:`LastCheckpoint`, and the newest ``keep_last`` ``step<N>.ckpt`` ("top k" by step keeps the
+    newest); they run as best, steps, last (:class:`~aiayn.experiments.run.RunCallbacks`). All at
+    validations only: an end-of-epoch save would mark the epoch done, not resumable in its middle; and a
+    continued run rewrites its own files, never ``best-v1.ckpt``."""
     options: dict[str, Any] = {
         "dirpath": folder,
         "auto_insert_metric_name": False,
