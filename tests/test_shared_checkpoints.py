@@ -94,3 +94,20 @@ def test_the_runs_own_data_section_still_evaluates(tmp_path: Path, corpus_root: 
     result = evaluate(checkpoint_with(tmp_path, corpus_root, cache_dir), "split=test", f"output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
     assert len((tmp_path / "shared.test.beam1-alpha0.0.hyp.txt").read_text().splitlines()) == 100
+
+
+@pytest.mark.parametrize("damage", ["unknown field", "other shapes"])
+def test_a_checkpoint_whose_model_cannot_be_built_is_refused_in_one_line(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, damage: str
+) -> None:
+    path = checkpoint_with(tmp_path, corpus_root, cache_dir)
+    checkpoint = torch.load(path, weights_only=True)
+    if damage == "unknown field":
+        checkpoint["hyper_parameters"]["model"]["evil"] = 1
+    else:
+        checkpoint["hyper_parameters"]["model"]["d_ff"] *= 2
+    torch.save(checkpoint, path)
+    result = evaluate(path, "split=test")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"aiayn-eval: error: checkpoint {path} holds a model aiayn cannot build: ")

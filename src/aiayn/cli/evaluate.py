@@ -16,6 +16,7 @@ from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_parallel
 from aiayn.errors import ConfigError
 from aiayn.evaluation.translator import Translator
+from aiayn.files import atomic_write
 from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_model
 
@@ -75,7 +76,7 @@ def run(cfg: DictConfig) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         stem = f"{checkpoint.stem}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
         hyp_file = folder / f"{stem}.hyp.txt"
-        hyp_file.write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+        atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
         report = {
             "checkpoint": str(checkpoint),
             "evaluated": name,
@@ -86,7 +87,7 @@ def run(cfg: DictConfig) -> None:
             "sentences_per_s": len(source) / seconds if seconds else None,
             "hypotheses": str(hyp_file),
         }
-        (folder / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        atomic_write(folder / f"{stem}.json", json.dumps(report, indent=2) + "\n")
         print(f"sacreBLEU {scores['sacrebleu']:.2f}  {scores['sacrebleu_signature']}  (detokenized; compare this one)")
         print(f"chrF      {scores['chrf']:.2f}  {scores['chrf_signature']}")
         if "tokenized_bleu" in scores:

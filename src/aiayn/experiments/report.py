@@ -17,6 +17,7 @@ import yaml
 
 from aiayn.config.naming import defining_overrides
 from aiayn.experiments.table3 import COLUMNS, FAMILIES, PAPER, columns_of, family_rows
+from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -298,5 +299,5 @@ def write_report(paths: Sequence[Path], output: Path) -> tuple[str, list[Path]]:
                  f"{len(others)} other run folder(s) without results."]  # fmt: skip
     text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     markdown = "\n".join(text) + "\n"
-    (output / "report.md").write_text(markdown)
+    atomic_write(output / "report.md", markdown)
     return markdown, plots

@@ -201,7 +201,11 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
             f"checkpoint {path} was not written by aiayn-train or aiayn-average (no {RUN_KEY!r} "
             "entry with the tokenizer and config)"
         )
-    model = Transformer(TransformerConfig(**checkpoint["hyper_parameters"]["model"]))
     prefix = "model."
-    model.load_state_dict({k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)})
+    try:  # a shared file: a field the model does not have, a value it cannot take, weights of another shape
+        model = Transformer(TransformerConfig(**checkpoint["hyper_parameters"]["model"]))
+        weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+        model.load_state_dict(weights)
+    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as error:
+        raise CheckpointError(f"checkpoint {path} holds a model aiayn cannot build: {first_line(error)}") from None
     return model.to(device).eval(), Tokenizer.from_bytes(run["tokenizer"]), run["config"]
