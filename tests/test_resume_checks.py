@@ -16,6 +16,8 @@ import torch
 import yaml
 
 from aiayn.cli import train as train_cli
+from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
+from aiayn.training.loggers import drop_metrics_from
 from aiayn.training.schedule import NoamSchedule
 from helpers.runs import smoke_run
 
@@ -167,3 +169,29 @@ def test_resume_false_never_continues_a_run(
     assert aiayn_train(argv, monkeypatch) == 2
     assert last_error(capsys).startswith(f"aiayn-train: error: resume=false but {run_dir} holds a run")
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_a_resume_on_other_processes_or_accumulation_is_refused(
+    finished: Path,
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """``trainer.devices=auto`` is one setting on machines of 2 and of 8 GPUs: the layout is compared."""
+    checkpoint = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint[RUN_KEY][BATCH_KEY] == {"world_size": 1, "accumulation": 1}
+    checkpoint[RUN_KEY][BATCH_KEY]["world_size"] = 2  # as written by a run of two processes
+    moved = tmp_path / "two-processes.ckpt"
+    torch.save(checkpoint, moved)
+    argv = [*smoke_run(corpus_root, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
+    assert aiayn_train([*argv, f"resume={moved}"], monkeypatch) == 2
+    assert "was trained with world_size=2 (training processes), this run has world_size=1" in last_error(capsys)
+
+
+def test_metric_rows_after_the_resumed_step_are_dropped_cut_rows_too(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.csv"
+    metrics.write_text("epoch,step,train/loss\n0,1,5.0\n0,5,4.0\n0,6,3.0\n0,7,2.0\n0,8")  # the last row cut short
+    assert drop_metrics_from(metrics, 6) == 3
+    assert metrics.read_text() == "epoch,step,train/loss\n0,1,5.0\n0,5,4.0\n"

@@ -111,3 +111,13 @@ def test_a_checkpoint_whose_model_cannot_be_built_is_refused_in_one_line(
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"aiayn-eval: error: checkpoint {path} holds a model aiayn cannot build: ")
+
+
+@pytest.mark.parametrize("data", ["a string", [1, 2], {"root": "/somewhere"}])
+def test_a_checkpoint_without_a_data_section_to_build_is_refused_in_one_line(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, data: Any
+) -> None:
+    result = evaluate(checkpoint_with(tmp_path, corpus_root, cache_dir, data), "split=test")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "holds no data section to evaluate a split of" in line

@@ -166,18 +166,20 @@ def test_a_restarted_runner_waits_for_the_trial_its_killed_predecessor_left(tmp_
     folder = tmp_path / SWEEP_FOLDER
     go = tmp_path / "go"
     sweep = fake_sweep(tmp_path, [1], "seconds=0", f"until={go}")
-    runner = start_runner(sweep, tmp_path)
-    wait_until(started(folder, 1), "the trial started", runner)
-    runner.kill()  # kill -9: no handler runs; the trial lives on in its own session
-    runner.communicate()
+    try:
+        runner = start_runner(sweep, tmp_path)
+        wait_until(started(folder, 1), "the trial started", runner)
+        runner.kill()  # kill -9: no handler runs; the trial lives on in its own session
+        runner.communicate()
 
-    again = start_runner(sweep, tmp_path)
+        again = start_runner(sweep, tmp_path)
 
-    def waiting() -> bool:
-        return (trials(folder)[0]["error"] or "").startswith("waiting for pid")
+        def waiting() -> bool:
+            return (trials(folder)[0]["error"] or "").startswith("waiting for pid")
 
-    wait_until(waiting, "the runner waiting for the trial", again)
-    go.touch()
+        wait_until(waiting, "the runner waiting for the trial", again)
+    finally:
+        go.touch()  # the orphaned trial ends, whatever happened
     _, stderr = again.communicate(timeout=60)
     assert again.returncode == 0, stderr
     (trial,) = trials(folder)

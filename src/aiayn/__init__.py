@@ -2,8 +2,8 @@
 
 The subpackages are layers, from the inside out; each imports only those before it: :mod:`aiayn.model`
 (plain PyTorch), :mod:`aiayn.data`, :mod:`aiayn.training`, :mod:`aiayn.evaluation`, :mod:`aiayn.config`,
-:mod:`aiayn.experiments` and :mod:`aiayn.cli`. The leaves :mod:`aiayn.errors`, :mod:`aiayn.scoring`
-and :mod:`aiayn.machine` serve them all.
+:mod:`aiayn.experiments` and :mod:`aiayn.cli`. The leaves :mod:`aiayn.errors`, :mod:`aiayn.files`,
+:mod:`aiayn.scoring` and :mod:`aiayn.machine` serve them all.
 """
 
 __version__ = "0.1.0"

@@ -24,6 +24,8 @@ from aiayn.errors import RunFolderBusy
 
 LOCK_FILE = "run.lock"
 _HOST = socket.gethostname().replace(".", "-")  # no dots: they separate the parts of a temporary name
+_UMASK = os.umask(0o022)  # read once: setting it later would change it for every thread for a moment
+os.umask(_UMASK)
 _held: dict[Path, int] = {}  # folder (resolved) → open descriptor of its lock file, for this process
 
 
@@ -52,9 +54,11 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
         except BaseException:
             os.unlink(tmp.name)
             raise
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp.name, 0o666 & ~umask)  # as an ordinary file would be, not the temporary file's 0600
+    try:
+        mode = path.stat().st_mode & 0o7777  # a file replaced keeps its permissions
+    except FileNotFoundError:
+        mode = 0o666 & ~_UMASK  # a new one gets an ordinary file's, not the temporary file's 0600
+    os.chmod(tmp.name, mode)
     os.replace(tmp.name, path)
     folder = os.open(path.parent, os.O_RDONLY)
     try:
@@ -99,12 +103,18 @@ def hold_run_folder(folder: Path) -> bool:
     if key in _held:
         return False
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_holder(fd)
-        os.close(fd)
-        raise RunFolderBusy(folder, holder) from None
+    deadline = time.monotonic() + 1.0  # run_folder_holder's shared lock of a moment is not a holder
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunFolderBusy(folder, holder) from None
     os.ftruncate(fd, 0)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from aiayn.cli.common import reported_as_usage_errors
+from aiayn.files import same_file
 from aiayn.training.checkpoints import CheckpointError, average_checkpoints, save_checkpoint, step_checkpoints
 
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.output is None:
                 raise CheckpointError("with checkpoint files as inputs, --output is required")
             output = args.output
-        if any(output.resolve() == path.resolve() for path in paths):
+        if output.exists() and any(same_file(output, path) for path in paths):
             raise CheckpointError(f"--output {output} is one of the inputs; write the average to a new file")
         save_checkpoint(average_checkpoints(paths), output)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}")

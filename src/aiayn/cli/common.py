@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -28,6 +29,7 @@ USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
 # errors keep their traceback: a ValueError deep in a long run is more likely a bug than a typo.
 RUN_INPUT_ERRORS = (ConfigError, DataError, CheckpointError, RunFolderBusy)
 IO_ERROR_STATUS = 74  # EX_IOERR of sysexits.h: the disk is full, a file system failed or went away
+STORAGE_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.ESTALE}  # ... reported with it
 _REPORTING = "AIAYN_REPORTS_HYDRA_ERRORS"  # set with HYDRA_FULL_ERROR by us, not by the user
 
 
@@ -73,7 +75,7 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
 
 
 @contextmanager
-def reported_run_errors(program: str, run_dir: Path, created: bool) -> Iterator[None]:
+def reported_run_errors(program: str, run_dir: Path, created: bool, again: str = "") -> Iterator[None]:
     """Around a training run (inside the Hydra app): one line on stderr, no traceback, for
 
     - :data:`RUN_INPUT_ERRORS`: exit status 2, fix the input and run again; ``run_dir`` is removed when
@@ -82,27 +84,35 @@ def reported_run_errors(program: str, run_dir: Path, created: bool) -> Iterator[
     - :class:`~aiayn.errors.TrainingDiverged`: status 1;
     - :class:`~aiayn.training.callbacks.preemption.Preempted` (a checkpoint was saved at a signal):
       128 + the signal's number, as a shell reports a process that a signal ended, with the command
-      that continues the run (``created``: a folder of its own, which the same command would not
-      choose again); Lightning's stop at SIGTERM after training (while testing) likewise;
-    - an ``OSError`` (a full disk, a failing file system): :data:`IO_ERROR_STATUS`; the checkpoints
-      already written are whole (they are written atomically).
+      that continues the run (:func:`continue_advice`); Lightning's stop at SIGTERM after training
+      (while testing) likewise;
+    - an ``OSError`` of the storage (:data:`STORAGE_ERRORS`: a full disk or quota, a failing, read-only
+      or vanished file system): :data:`IO_ERROR_STATUS`; the checkpoints already written are whole
+      (they are written atomically);
+    - Ctrl-C outside training (while data is prepared, while the best checkpoint is evaluated):
+      130, with the way to continue.
     """
     try:
         yield
     except (*RUN_INPUT_ERRORS, OmegaConfBaseException) as error:
-        if created and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
+        if created and rank_zero_only.rank == 0 and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
         fail(program, unresolvable(error) if isinstance(error, OmegaConfBaseException) else error, 2)
     except TrainingDiverged as error:
         fail(program, error, 1)
     except Preempted as error:
-        fail(program, f"{error} {continue_advice(run_dir, created)}", 128 + error.signum, "stopped")
+        fail(program, f"{error} {continue_advice(run_dir, created, again)}", 128 + error.signum, "stopped")
     except SIGTERMException:
-        message = f"SIGTERM received after training; {continue_advice(run_dir, created)} to evaluate it"
+        message = f"SIGTERM received after training; {continue_advice(run_dir, created, again)} to evaluate it"
         fail(program, message, 128 + signal.SIGTERM, "stopped")
+    except KeyboardInterrupt:  # Ctrl-C outside training (preparing data, evaluating): nothing new was saved
+        message = f"SIGINT received outside training; {continue_advice(run_dir, created, again)}"
+        fail(program, message, 128 + signal.SIGINT, "stopped")
     except OSError as error:
+        if error.errno not in STORAGE_ERRORS:
+            raise
         fail(program, f"{error} (an input/output error: free space or fix the file system, then run "
-             f"again; {continue_advice(run_dir, created)})", IO_ERROR_STATUS, "I/O error")  # fmt: skip
+             f"again; {continue_advice(run_dir, created, again)})", IO_ERROR_STATUS, "I/O error")  # fmt: skip
 
 
 def unresolvable(error: OmegaConfBaseException) -> str:
@@ -119,9 +129,12 @@ def only_hydra_files(run_dir: Path) -> bool:
     )
 
 
-def continue_advice(run_dir: Path, created: bool) -> str:
-    """How to continue the run of ``run_dir``: the same command, where it names the folder (a sweep's
-    trial, ``hydra.run.dir=``); else with the folder added, since the same command starts a new one."""
+def continue_advice(run_dir: Path, created: bool, again: str = "") -> str:
+    """How to continue the run of ``run_dir``: the same command plus ``again`` (``hydra.sweep.dir=...``
+    for a multirun's job); the same command where it names the folder (a sweep's trial,
+    ``hydra.run.dir=``); else with the folder added, since the same command starts a new one."""
+    if again:
+        return f"continue it with the same command plus {again}"
     if created:
         return f"continue it with the same command plus hydra.run.dir={run_dir}"
     return "continue it with the same command"

@@ -14,7 +14,7 @@ from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, re
 from aiayn.config.build import decoding_options, instantiated_from_checkpoint
 from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_parallel
-from aiayn.errors import ConfigError
+from aiayn.errors import CheckpointError, ConfigError
 from aiayn.evaluation.translator import Translator
 from aiayn.files import atomic_write
 from aiayn.scoring import corpus_scores
@@ -30,10 +30,14 @@ def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any], checkpoint: Pa
             raise ValueError("source and reference go together: set both, or neither to evaluate a split")
         source, reference = read_parallel(Path(cfg.source), Path(cfg.reference))
         return Path(cfg.source).name, source, reference
-    data = dict(run_config["data"])
-    for key in ("root", "cache_dir"):
-        if cfg.data[key] is not None:
-            data[key] = cfg.data[key]
+    data = run_config.get("data") if isinstance(run_config, dict) else None
+    if not isinstance(data, dict) or "_target_" not in data:
+        raise CheckpointError(f"checkpoint {checkpoint} holds no data section to evaluate a split of; "
+                              "give source=<file> reference=<file>")  # fmt: skip
+    # Where the data is read from and cached is the user's to say, not a shared checkpoint's.
+    data = {**data, "cache_dir": cfg.data.cache_dir}
+    if cfg.data.root is not None:
+        data["root"] = cfg.data.root
     if isinstance(data.get("root"), str) and not Path(data["root"]).expanduser().is_dir():
         raise ConfigError(
             "data.root", data["root"], "(from the checkpoint's run) is not a folder; set data.root=<corpus>"

@@ -49,8 +49,14 @@ def run(cfg: DictConfig) -> None:
         raise SystemExit(2)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # A folder named by the user (hydra.run.dir=..., a sweep's trial folder) is never removed on errors.
-    named = any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra) or bool(os.environ.get(RUN_DIR_ENV))
-    with reported_run_errors("aiayn-train", run_dir, created=not named):
+    named = (
+        any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra)
+        or bool(os.environ.get(RUN_DIR_ENV))
+        or hydra_cfg.mode == RunMode.MULTIRUN  # a job's folder: <hydra.sweep.dir>/<job number>
+    )
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN and not os.environ.get(RUN_DIR_ENV)
+    again = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else ""
+    with reported_run_errors("aiayn-train", run_dir, created=not named, again=again):
         if hydra_cfg.mode == RunMode.MULTIRUN and cfg.resume is True and not cfg.sweep_dir:
             allowed = "continues one run: drop -m (a multirun's jobs continue in their folders when it runs again "
             raise ConfigError("resume", True, allowed + "with the same hydra.sweep.dir)")

@@ -189,7 +189,9 @@ def _built(node: Any, classes: Mapping[str, type], key: str, checkpoint: Path) -
         return settings
     try:
         return classes[node["_target_"]](**settings)
-    except TypeError as error:
+    except (ConfigError, DataError):
+        raise  # a setting or a file the user can fix (data.root=...): their own one-line messages
+    except (TypeError, ValueError, KeyError, AttributeError) as error:
         raise CheckpointError(f"checkpoint {checkpoint}: its stored {key} cannot be built: {error}") from None
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from lightning_fabric.utilities.rank_zero import rank_zero_only
 
 from aiayn.files import run_folder_holder
 
@@ -111,6 +112,8 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
     runs = Path("outputs") / name
     if resume is True and (latest := latest_run(runs)):
         return str(latest)
+    if rank_zero_only.rank != 0:  # ranks started by srun or torchrun: the first one reserves the folder
+        return str(runs / now)
     return str(reserved_folder(runs, now))
 
 

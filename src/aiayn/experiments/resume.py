@@ -17,6 +17,8 @@ optim.warmup=3000,4000``. A plain run continues its folder with changed settings
 from __future__ import annotations
 
 import logging
+import math
+import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -26,7 +28,9 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
 from aiayn.errors import CheckpointError, ConfigError, show
+from aiayn.files import same_file
 from aiayn.training.checkpoints import (
+    BATCH_KEY,
     DATA_KEY,
     OVERRIDES_KEY,
     RUN_KEY,
@@ -37,6 +41,7 @@ from aiayn.training.checkpoints import (
 from aiayn.training.loggers import METRICS_CSV, drop_metrics_from
 
 log = logging.getLogger(__name__)
+BATCH_WORDS = {"world_size": "training processes", "accumulation": "batches per optimizer step"}
 
 # Settings that say where a run reads, how fast and how it reports, not what it computes.
 NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", "model.compile", "data.pin_memory")
@@ -51,14 +56,16 @@ def resume_from(
     run_dir: Path,
     config: Mapping[str, Any],
     data_cache: str,
+    batch: Mapping[str, int],
     own_overrides: Sequence[str] | None = None,
 ) -> Path | None:
     """The checkpoint to continue from, checked: ``requested`` when it is a path; else the run folder's own
     ``last.ckpt`` (``resume=true`` chose the folder of the latest idle run; a requeued job or a trial run
     again continues its folder by itself), which ``resume=true`` requires. ``resume=false`` starts afresh,
     which a folder that holds a run refuses. ``config`` is this run's resolved config and ``data_cache``
-    the name of its data's cache entry. A job of a multirun or a sweep gives its ``own_overrides``: its
-    folder continues by itself only the run of those."""
+    the name of its data's cache entry, ``batch`` its :func:`~aiayn.training.batching.batch_layout`. A
+    job of a multirun or a sweep gives its ``own_overrides``: its folder continues by itself only the run
+    of those."""
     path = requested_checkpoint(requested, run_dir)
     if path is None:
         continue_at(run_dir, None, 0)
@@ -69,6 +76,7 @@ def resume_from(
     if requested is None and own_overrides is not None:
         check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
     check_same_training(path, run.get("config", {}), config, run.get(DATA_KEY), data_cache)
+    check_same_batches(path, run.get(BATCH_KEY), batch)
     continue_at(run_dir, path, stored.get("global_step", 0))
     return path
 
@@ -129,8 +137,8 @@ def check_same_training(
     """Refuse what the resumed run cannot honour; log what it applies."""
     before, now = dict(flattened(stored)), dict(flattened(config))
     changed = [key for key in sorted(set(before) | set(now)) if before.get(key, "<unset>") != now.get(key, "<unset>")]
-    changed = [key for key in changed if not key.startswith(NOT_COMPARED) and key in before]
-    fixed = [key for key in changed if key.startswith(FIXED)]
+    changed = [key for key in changed if not key.startswith(NOT_COMPARED)]
+    fixed = [key for key in changed if key.startswith(FIXED)]  # set in either config: +trainer.num_nodes=2
     if fixed:
         key = min(fixed, key=lambda k: (k.count("."), k))  # seed, not data.seed that follows it
         raise CheckpointError(
@@ -143,9 +151,21 @@ def check_same_training(
             f"checkpoint {path} was trained on the data of cache entry {stored_data}, this run's is {data_cache} "
             "(another corpus content, tokenizer or vocabulary): a resumed run cannot change its data"
         )
-    if changed:
-        applied = ", ".join(f"{key}={show(before[key])} → {show(now.get(key))}" for key in changed)
+    if changed and rank_zero_only.rank == 0:
+        applied = ", ".join(f"{key}={show(before.get(key))} → {show(now.get(key))}" for key in changed)
         log.warning("resuming %s with this run's settings, not the checkpoint's: %s", path, applied)
+
+
+def check_same_batches(path: Path, stored: Mapping[str, int] | None, batch: Mapping[str, int]) -> None:
+    """The processes and accumulated batches per step as the checkpoint's (``trainer.devices=auto`` on
+    another machine is equal as a setting, not as a batch)."""
+    for key, value in (stored or {}).items():
+        if batch.get(key) != value:
+            raise CheckpointError(
+                f"checkpoint {path} was trained with {key}={value} ({BATCH_WORDS[key]}), this run has "
+                f"{key}={batch.get(key)}: a resumed run cannot change its batches; resume on {value} "
+                "processes with the same accumulation, or start a new run"
+            )
 
 
 def flattened(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -159,14 +179,16 @@ def flattened(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
     """Move the checkpoints of ``folder`` newer than ``step`` (an abandoned continuation of the resumed
-    one) into ``folder/abandoned-after-step<step>/``, so that no later average or resume takes them."""
+    one) into ``folder/abandoned-after-step<step>/``, so that no later average, resume or evaluation of
+    the best takes them; a ``best.ckpt`` set aside is written again when the run betters the best score
+    it resumed with, else the run's best is its ``last.ckpt``."""
     if not folder.is_dir():
         return
-    newer = []
-    # best.ckpt stays: the resumed best callback names it, and the run writes it again when it betters it
-    for path in [*step_checkpoints(folder), folder / "last.ckpt"]:
-        if path.is_file() and path.resolve() != resumed.resolve() and _step(path) > step:
-            newer.append(path)
+    newer = [
+        path
+        for path in [*step_checkpoints(folder), folder / "last.ckpt", folder / "best.ckpt"]
+        if path.is_file() and not same_file(path, resumed) and _step(path) > step
+    ]
     if not newer:
         return
     aside = folder / f"abandoned-after-step{step}"
@@ -176,8 +198,12 @@ def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
     log.warning("resuming at step %d: moved %d newer checkpoints to %s", step, len(newer), aside)
 
 
-def _step(path: Path) -> int:
+def _step(path: Path) -> float:
+    """A checkpoint's global step: from a step checkpoint's name, else from the file; an unreadable
+    file (the truncated ``last.ckpt`` a resume from an older one goes around) counts as newer."""
+    if found := re.fullmatch(r"step(\d+)\.ckpt", path.name):
+        return int(found.group(1))
     try:
         return int(load_checkpoint(path, mmap=True).get("global_step", 0))
     except CheckpointError:
-        return 0
+        return math.inf

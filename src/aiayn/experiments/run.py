@@ -30,7 +30,7 @@ from aiayn.experiments.resume import resume_from
 from aiayn.files import atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
-from aiayn.training.batching import configure_batching
+from aiayn.training.batching import batch_layout, configure_batching
 from aiayn.training.callbacks.checkpointing import LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.preemption import Preemption
@@ -124,17 +124,17 @@ def train(
         check_run_config(cfg)
         progress = progress_style(cfg.progress)
         datamodule = instantiated(cfg.data)
-        if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
-            datamodule.prepare_data()
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
-        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, own)
         pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
         module = TranslationModule(**module_kwargs(cfg))
+        resolved = OmegaConf.to_container(cfg, resolve=True)
         run = run_callbacks(cfg, run_dir, resolved, overrides, progress)
         loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
         trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
         batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
+        if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
+            datamodule.prepare_data()
+        own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
+        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, batch_layout(trainer), own)
         run_dir.mkdir(parents=True, exist_ok=True)
         if trainer.is_global_zero:
             atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
@@ -142,7 +142,7 @@ def train(
         try:
             log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
             fit(trainer, module, datamodule, run.last, resume)
-            best = Path(run.best.best_model_path or run.last.path)  # the last one when none was ranked
+            best = best_checkpoint(run)
             val = validate_best(trainer, module, datamodule, best)
             test = test_best(trainer, module, datamodule, best, run_dir)
             averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
@@ -172,6 +172,13 @@ def train(
         finally:
             finish_loggers(loggers, failed=results is None, summary=results)
         return results
+
+
+def best_checkpoint(run: RunCallbacks) -> Path:
+    """``best.ckpt``; ``last.ckpt`` when no validation ranked one, or when a resume set the abandoned
+    branch's best aside and no later validation bettered the score it resumed with."""
+    best = Path(run.best.best_model_path) if run.best.best_model_path else None
+    return best if best is not None and best.is_file() else run.last.path
 
 
 def sole_writer(run_dir: Path) -> AbstractContextManager[None]:

@@ -77,3 +77,9 @@ def configure_batching(
         f" (tokens_per_step={tokens_per_step})" if tokens_per_step else "",
     )
     return batching
+
+
+def batch_layout(trainer: pl.Trainer) -> dict[str, int]:
+    """What the sampler's position in an epoch depends on beyond the data: the processes that share each
+    batch and the batches accumulated per optimizer step (stored in checkpoints; a resume compares them)."""
+    return {"world_size": trainer.world_size, "accumulation": trainer.accumulate_grad_batches}

@@ -24,6 +24,7 @@ from aiayn.model import Transformer, TransformerConfig
 RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model, ...}
 OVERRIDES_KEY = "overrides"  # RUN_KEY entry: the command line's overrides, which define the run
 DATA_KEY = "data_cache"  # RUN_KEY entry: the name of the data's cache entry (corpus digest, vocabulary)
+BATCH_KEY = "batch_layout"  # RUN_KEY entry: aiayn.training.batching.batch_layout
 STEP_NAME = "step{step:07d}"  # ModelCheckpoint filename template of the periodic checkpoints
 _STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
@@ -196,7 +197,7 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
     """The model (in eval mode), its tokenizer and the run config stored in an aiayn checkpoint."""
     checkpoint = load_checkpoint(path)
     run = checkpoint.get(RUN_KEY)
-    if run is None or "hyper_parameters" not in checkpoint:
+    if not isinstance(run, dict) or {"config", "tokenizer"} - set(run) or "hyper_parameters" not in checkpoint:
         raise CheckpointError(
             f"checkpoint {path} was not written by aiayn-train or aiayn-average (no {RUN_KEY!r} "
             "entry with the tokenizer and config)"
@@ -206,6 +207,7 @@ def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transfor
         model = Transformer(TransformerConfig(**checkpoint["hyper_parameters"]["model"]))
         weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
         model.load_state_dict(weights)
+        tokenizer = Tokenizer.from_bytes(run["tokenizer"])
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as error:
         raise CheckpointError(f"checkpoint {path} holds a model aiayn cannot build: {first_line(error)}") from None
-    return model.to(device).eval(), Tokenizer.from_bytes(run["tokenizer"]), run["config"]
+    return model.to(device).eval(), tokenizer, run["config"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import logging
+import math
 import netrc
 import os
 import subprocess
@@ -98,12 +99,20 @@ def drop_metrics_from(path: Path, step: int) -> int:
     if not rows or "step" not in rows[0]:
         return 0
     column = rows[0].index("step")
-    kept = [rows[0], *(row for row in rows[1:] if not row[column] or int(float(row[column])) < step)]
+    kept = [rows[0], *(row for row in rows[1:] if _row_step(row, column, len(rows[0])) < step)]
     if len(kept) < len(rows):
         out = io.StringIO()
         csv.writer(out, lineterminator="\n").writerows(kept)
         atomic_write(path, out.getvalue())
     return len(rows) - len(kept)
+
+
+def _row_step(row: list[str], column: int, width: int) -> float:
+    """A row's step; a row cut short (a process killed while it wrote) counts as after every step."""
+    try:
+        return int(float(row[column])) if len(row) == width else math.inf
+    except ValueError:
+        return math.inf
 
 
 class RunCSVLogger(CSVLogger):

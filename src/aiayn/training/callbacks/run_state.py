@@ -12,7 +12,8 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
-from aiayn.training.checkpoints import DATA_KEY, OVERRIDES_KEY, RUN_KEY
+from aiayn.training.batching import batch_layout
+from aiayn.training.checkpoints import BATCH_KEY, DATA_KEY, OVERRIDES_KEY, RUN_KEY
 from aiayn.training.distributed import gathered_from_ranks, own_share
 
 
@@ -71,6 +72,7 @@ class SelfContainedCheckpoints(pl.Callback):
             "tokenizer": self._tokenizer,
             OVERRIDES_KEY: self.overrides,
             DATA_KEY: trainer.datamodule.cache_folder().name,
+            BATCH_KEY: batch_layout(trainer),
         }
         for logger in trainer.loggers:
             logger.save()
