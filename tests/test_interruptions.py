@@ -20,11 +20,10 @@ import pytest
 import torch
 from pytorch_lightning.utilities.exceptions import SIGTERMException
 
-from aiayn.cli import train as train_cli
 from aiayn.cli.common import reported_run_errors
 from aiayn.training.checkpoints import save_checkpoint
 from helpers.batch_recorder import recorded
-from helpers.runs import resumable_run
+from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
 TESTS = Path(__file__).resolve().parent
@@ -182,34 +181,23 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
-def in_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """``aiayn-train`` run in this process; its exit status."""
-    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv, *quiet])
-    try:
-        train_cli.main()
-    except SystemExit as stopped:
-        return stopped.code
-    return 0
-
-
 def test_a_truncated_checkpoint_is_refused_and_the_previous_one_is_named(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     run_dir = tmp_path / "run"
     overrides = [*resumable_run(multi30k_root, cache_dir, "checkpoint.every_steps=3"), f"hydra.run.dir={run_dir}"]
-    assert in_process([*overrides, "trainer.max_steps=6"], monkeypatch) == 0
+    assert train_in_process([*overrides, "trainer.max_steps=6"], monkeypatch) == 0
     last, step6 = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "step0000006.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a disk that lost the end of the file
     capsys.readouterr()
 
-    assert in_process([*overrides, "trainer.max_steps=9"], monkeypatch) == 2
+    assert train_in_process([*overrides, "trainer.max_steps=9"], monkeypatch) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"aiayn-train: error: checkpoint {last} cannot be read; it is truncated")
     assert error.endswith(f"the newest readable checkpoint of the run is {step6}: continue from it with resume={step6}")
     assert step6.is_file() and torch.load(step6, weights_only=True)["global_step"] == 6  # still there
 
-    assert in_process([*overrides, "trainer.max_steps=9", f"resume={step6}"], monkeypatch) == 0
+    assert train_in_process([*overrides, "trainer.max_steps=9", f"resume={step6}"], monkeypatch) == 0
     results = json.loads((run_dir / "results.json").read_text())
     assert results["steps"] == 9 and results["resumed_from"] == str(step6)
 
@@ -221,13 +209,15 @@ def test_a_foreign_or_mismatched_checkpoint_is_refused(
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "optimizer_states": [], "loops": {}, "args": argparse.Namespace(lr=0.1)}, foreign)
     base = resumable_run(multi30k_root, cache_dir, "trainer.max_steps=2")
-    assert in_process([*base, f"resume={foreign}"], monkeypatch) == 2
+    assert train_in_process([*base, f"resume={foreign}"], monkeypatch) == 2
     assert "holds argparse.Namespace objects" in capsys.readouterr().err
 
     run_dir = tmp_path / "run"
-    assert in_process([*base, f"hydra.run.dir={run_dir}"], monkeypatch) == 0
+    assert train_in_process([*base, f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     capsys.readouterr()
-    assert in_process([*base, "model.d_ff=64", f"resume={run_dir / 'checkpoints' / 'last.ckpt'}"], monkeypatch) == 2
+    assert (
+        train_in_process([*base, "model.d_ff=64", f"resume={run_dir / 'checkpoints' / 'last.ckpt'}"], monkeypatch) == 2
+    )
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "was trained with model.d_ff=128, this run has model.d_ff=64: a resumed run cannot change it" in error
 
@@ -237,12 +227,12 @@ def test_resume_true_continues_the_latest_run_of_the_experiment(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     base = resumable_run(multi30k_root, cache_dir)
-    assert in_process([*base, "trainer.max_steps=3"], monkeypatch) == 0
+    assert train_in_process([*base, "trainer.max_steps=3"], monkeypatch) == 0
     (first,) = (tmp_path / "outputs" / "tiny_multi30k_en_de").iterdir()
     crashed = tmp_path / "outputs" / "tiny_multi30k_en_de" / "2999-01-01_00-00-00"  # newer, never checkpointed
     (crashed / ".hydra").mkdir(parents=True)
 
-    assert in_process([*base, "trainer.max_steps=6", "resume=true"], monkeypatch) == 0
+    assert train_in_process([*base, "trainer.max_steps=6", "resume=true"], monkeypatch) == 0
     results = json.loads((first / "results.json").read_text())
     assert results["steps"] == 6 and results["resumed_from"] == str(first / "checkpoints" / "last.ckpt")
     assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, crashed.name])  # no new folder

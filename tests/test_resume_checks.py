@@ -8,30 +8,16 @@ from __future__ import annotations
 import csv
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-from aiayn.cli import train as train_cli
 from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
 from aiayn.training.loggers import drop_metrics_from
 from aiayn.training.schedule import NoamSchedule
-from helpers.runs import smoke_run
-
-QUIET = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-
-
-def aiayn_train(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """``aiayn-train`` in this process; its exit status."""
-    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv, *QUIET])
-    try:
-        train_cli.main()
-    except SystemExit as stopped:
-        return stopped.code
-    return 0
+from helpers.runs import smoke_run, train_in_process
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +25,7 @@ def finished(tmp_path_factory: pytest.TempPathFactory, corpus_root: Path, cache_
     """A smoke run's folder after its 12 steps (checkpoints after steps 6 and 12)."""
     run_dir = tmp_path_factory.mktemp("finished") / "run"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert aiayn_train([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
+        assert train_in_process([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     return run_dir
 
 
@@ -75,7 +61,7 @@ def test_a_resume_that_cannot_honour_a_setting_is_refused_naming_both_values(
 ) -> None:
     last = finished / "checkpoints" / "last.ckpt"
     argv = [*smoke_run(corpus_root, cache_dir, change, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
-    assert aiayn_train([*argv, f"resume={last}"], monkeypatch) == 2
+    assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
     assert error.startswith(f"aiayn-train: error: checkpoint {last} was trained with {named}"), error
     assert not (tmp_path / "new" / "checkpoints").exists()
@@ -95,7 +81,7 @@ def test_a_resume_on_a_changed_corpus_is_refused(
     (corpus / "train.de").write_text("".join(["ein anderer Satz\n", *lines[1:]]))
     last = finished / "checkpoints" / "last.ckpt"
     argv = [*smoke_run(corpus, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
-    assert aiayn_train([*argv, f"resume={last}"], monkeypatch) == 2
+    assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
     assert "was trained on the data of cache entry" in error and "a resumed run cannot change its data" in error
 
@@ -111,7 +97,7 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     run_dir = copy_of(finished, tmp_path)
     argv = [*smoke_run(corpus_root, cache_dir, "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")]
     with caplog.at_level(logging.WARNING):
-        assert aiayn_train([*argv, f"hydra.run.dir={run_dir}", "resume=true"], monkeypatch) == 0
+        assert train_in_process([*argv, f"hydra.run.dir={run_dir}", "resume=true"], monkeypatch) == 0
     assert "optim.warmup=10 → 3" in caplog.text and "optim.lr_scale=1.0 → 2.0" in caplog.text
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["optim"]["warmup"] == 3 and config["optim"]["lr_scale"] == 2.0
@@ -130,15 +116,15 @@ def test_a_multirun_job_continues_only_its_own_overrides(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     sweep = ["-m", f"hydra.sweep.dir={tmp_path / 'multirun'}", *smoke_run(corpus_root, cache_dir)]
-    assert aiayn_train([*sweep, "optim.warmup=8"], monkeypatch) == 0
+    assert train_in_process([*sweep, "optim.warmup=8"], monkeypatch) == 0
     job = tmp_path / "multirun" / "0"
     before = (job / "checkpoints" / "last.ckpt").read_bytes()
     capsys.readouterr()
-    assert aiayn_train([*sweep, "optim.warmup=9"], monkeypatch) == 2  # job 0 again, with another value
+    assert train_in_process([*sweep, "optim.warmup=9"], monkeypatch) == 2  # job 0 again, with another value
     error = last_error(capsys)
     assert f"{job} holds the run of optim.warmup=8, this one is of optim.warmup=9" in error, error
     assert (job / "checkpoints" / "last.ckpt").read_bytes() == before
-    assert aiayn_train([*sweep, "optim.warmup=8"], monkeypatch) == 0  # the same job continues (nothing left)
+    assert train_in_process([*sweep, "optim.warmup=8"], monkeypatch) == 0  # the same job continues (nothing left)
 
 
 def test_resuming_an_older_step_sets_the_newer_checkpoints_aside(
@@ -148,7 +134,7 @@ def test_resuming_an_older_step_sets_the_newer_checkpoints_aside(
     step6 = run_dir / "checkpoints" / "step0000006.ckpt"
     abandoned = (run_dir / "checkpoints" / "step0000012.ckpt").read_bytes()
     argv = [*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", f"resume={step6}"]
-    assert aiayn_train(argv, monkeypatch) == 0
+    assert train_in_process(argv, monkeypatch) == 0
     aside = run_dir / "checkpoints" / "abandoned-after-step6"
     assert {"step0000012.ckpt", "last.ckpt"} <= {path.name for path in aside.iterdir()}
     assert (aside / "step0000012.ckpt").read_bytes() == abandoned
@@ -166,7 +152,7 @@ def test_resume_false_never_continues_a_run(
     run_dir = copy_of(finished, tmp_path)
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
     argv = [*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", "resume=false"]
-    assert aiayn_train(argv, monkeypatch) == 2
+    assert train_in_process(argv, monkeypatch) == 2
     assert last_error(capsys).startswith(f"aiayn-train: error: resume=false but {run_dir} holds a run")
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
 
@@ -186,7 +172,7 @@ def test_a_resume_on_other_processes_or_accumulation_is_refused(
     moved = tmp_path / "two-processes.ckpt"
     torch.save(checkpoint, moved)
     argv = [*smoke_run(corpus_root, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
-    assert aiayn_train([*argv, f"resume={moved}"], monkeypatch) == 2
+    assert train_in_process([*argv, f"resume={moved}"], monkeypatch) == 2
     assert "was trained with world_size=2 (training processes), this run has world_size=1" in last_error(capsys)
 
 

@@ -3,7 +3,10 @@ user's smoke run shares with them; the helpers add the corpus, the cache and wha
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+import pytest
 
 
 def smoke_run(root: Path, cache: Path, *extra: str) -> list[str]:
@@ -42,3 +45,17 @@ def resumable_run(
         "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones
         *extra,
     ]
+
+
+def train_in_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """``aiayn-train`` run in this process, without Hydra's logging setup (it would keep handlers on
+    pytest's captured streams); its exit status."""
+    from aiayn.cli import train as train_cli
+
+    quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
+    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv, *quiet])
+    try:
+        train_cli.main()
+    except SystemExit as stopped:
+        return stopped.code
+    return 0
