@@ -124,15 +124,15 @@ def train(
         check_run_config(cfg)
         progress = progress_style(cfg.progress)
         datamodule = instantiated(cfg.data)
-        pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
-        module = TranslationModule(**module_kwargs(cfg))
         resolved = OmegaConf.to_container(cfg, resolve=True)
-        run = run_callbacks(cfg, run_dir, resolved, overrides, progress)
+        run = run_callbacks(cfg, run_dir, resolved, overrides, progress)  # their settings are checked here
         loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
-        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
-        batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
         if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
             datamodule.prepare_data()
+        pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
+        module = TranslationModule(**module_kwargs(cfg))
+        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
+        batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
         own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
         resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, batch_layout(trainer), own)
         run_dir.mkdir(parents=True, exist_ok=True)
