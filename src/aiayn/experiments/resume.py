@@ -101,7 +101,10 @@ def requested_checkpoint(requested: bool | str | None, run_dir: Path) -> Path | 
     if last.is_file():
         return last
     if requested is True:
-        raise ConfigError("resume", True, f"found no earlier run with checkpoints/last.ckpt in {run_dir.parent}")
+        raise ConfigError(
+            "resume", True, f"found no earlier run with checkpoints/last.ckpt in {run_dir.parent} that no living "
+            "process is writing"
+        )  # fmt: skip
     return None
 
 

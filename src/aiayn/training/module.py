@@ -157,9 +157,9 @@ class TranslationModule(pl.LightningModule):
         schedule = self.schedule()
         for state in checkpoint.get("lr_schedulers", []):
             state["lr_lambdas"] = [dict(vars(schedule)) for _ in state.get("lr_lambdas", [])]
-            state["_last_lr"] = [base * schedule(state["last_epoch"]) for base in state["base_lrs"]]
+            state["_last_lr"] = [base * schedule(state.get("last_epoch", 0)) for base in state.get("base_lrs", [])]
             for optimizer in checkpoint.get("optimizer_states", []):
-                for group, lr in zip(optimizer["param_groups"], state["_last_lr"], strict=False):
+                for group, lr in zip(optimizer.get("param_groups", []), state["_last_lr"], strict=False):
                     group.update(betas=tuple(self.hparams.betas), eps=self.hparams.eps, lr=lr)
 
     def _fused_adam(self) -> bool:
