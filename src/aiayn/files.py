@@ -142,11 +142,11 @@ def run_folder_held(folder: Path) -> Iterator[None]:
 
 def run_folder_holder(folder: Path) -> str | None:
     """Who holds ``folder`` (``pid 123 on node7, since ...``), or None when no living process does."""
-    path = Path(folder) / LOCK_FILE
-    if Path(folder).resolve() in _held:
-        return _read_holder(_held[Path(folder).resolve()])
+    own = _held.get(Path(folder).resolve())
+    if own is not None:
+        return _read_holder(own)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     try:

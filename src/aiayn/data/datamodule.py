@@ -140,6 +140,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.references: dict[str, list[str]] = {}
         self.filtered: dict[str, int] = {}
         self._cache: Path | None = None
+        self._prepared = False  # train() prepares before the Trainer starts the ranks; Lightning asks again
 
     @property
     def src_lang(self) -> str:
@@ -187,7 +188,9 @@ class TranslationDataModule(pl.LightningDataModule):
         """Train the tokenizer and encode every split, unless the cache has them already, whole (Lightning
         calls this on one process per node; the other ranks wait and then load the cache). A damaged
         entry (:mod:`aiayn.data.cache`) is reported in one warning and built again; new ids follow a
-        new tokenizer."""
+        new tokenizer. Done once per process: the cache is verified once per run."""
+        if self._prepared:
+            return
         model_file = self.cache_folder() / "spm.model"
         tokenizer = CacheEntry(model_file, (model_file,))
         retrained = not tokenizer.usable()
@@ -202,6 +205,7 @@ class TranslationDataModule(pl.LightningDataModule):
                 encode_split(self.corpus, split, model_file, stems, dtype, self.encode_workers)
                 for entry in entries:
                     entry.seal()
+        self._prepared = True
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokenizer is not None:

@@ -70,8 +70,7 @@ def resume_from(
     if path is None:
         continue_at(run_dir, None, 0)
         return None
-    check_resumable(path)
-    stored = load_checkpoint(path, mmap=True)
+    stored = check_resumable(path)
     run = stored.get(RUN_KEY, {})
     if requested is None and own_overrides is not None:
         check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)

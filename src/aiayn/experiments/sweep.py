@@ -247,6 +247,10 @@ class SweepState:
                 trial.state, trial.error = INTERRUPTED, "its runner ended while it ran"
         return cls(folder, config, trials)
 
+    def results(self, trial: Trial) -> Path:
+        """The ``results.json`` of ``trial``'s run, once it has finished."""
+        return self.folder / (trial.run_dir or "") / "results.json"
+
     def save(self) -> None:
         state = {"config": self.config, "trials": [asdict(t) for t in self.trials]}
         atomic_write(self.folder / STATE_FILE, json.dumps(state, indent=2))  # a killed runner leaves it whole
@@ -404,7 +408,7 @@ class TrialRunner:
             self.waiting[trial.number] = trial
             self.state.save()
             return
-        if trial.state == INTERRUPTED and (folder / "results.json").is_file():  # it ended while no runner watched
+        if trial.state == INTERRUPTED and self.state.results(trial).is_file():  # it ended while no runner watched
             log.info("%s: taking results.json of the run that ended in %s", trial.name, folder)
             trial.returncode, trial.seconds = None, None
             take_results(trial, self.state)
@@ -523,7 +527,7 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
 def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepState) -> None:
     """Record how a trial ended: finished with its metric (from the run's ``results.json``) or failed."""
     trial.returncode, trial.seconds = returncode, seconds
-    results = state.folder / (trial.run_dir or "") / "results.json"
+    results = state.results(trial)
     if returncode != 0:
         trial.state, trial.error = FAILED, f"exit code {returncode}; see logs/{trial.name}.log"
         return
@@ -538,7 +542,7 @@ def take_results(trial: Trial, state: SweepState) -> None:
     trial.state, trial.error = FINISHED, None
     metric = state.config.get("metric", {}).get("name")
     if metric:
-        summary = json.loads((state.folder / (trial.run_dir or "") / "results.json").read_text())
+        summary = json.loads(state.results(trial).read_text())
         value = summary.get(metric)
         if isinstance(value, (int, float)):
             trial.metric = float(value)

@@ -76,10 +76,10 @@ def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def check_resumable(path: Path) -> None:
-    """``path`` holds the whole training state (weights, optimizer, loops); else a :class:`CheckpointError`
-    that says which checkpoint could be used. Whether it is the training of this run's settings is
-    :mod:`aiayn.experiments.resume`'s to check."""
+def check_resumable(path: Path) -> dict[str, Any]:
+    """``path``'s contents (tensors mapped, not read), which must hold the whole training state (weights,
+    optimizer, loops); else a :class:`CheckpointError` that says which checkpoint could be used. Whether
+    it is the training of this run's settings is :mod:`aiayn.experiments.resume`'s to check."""
     try:
         checkpoint = load_checkpoint(path, mmap=True)
     except CheckpointError as error:
@@ -90,6 +90,7 @@ def check_resumable(path: Path) -> None:
             f"checkpoint {path} has no training state ({', '.join(missing)}): it cannot be resumed "
             "(an averaged checkpoint is for aiayn-eval and aiayn-translate)"
         )
+    return checkpoint
 
 
 def earlier_checkpoints(path: Path) -> str:
