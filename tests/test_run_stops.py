@@ -75,6 +75,7 @@ def test_ctrl_c_saves_stops_with_130_and_says_how_to_continue(
     _, err = again.communicate(timeout=300)
     assert again.returncode == 0, err[-3000:]
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 12
+    assert "exists and is not empty" not in err  # continuing into its own checkpoints is no news
     assert rows(run_dir, "val/bleu") == [5, 11, 12]  # Lightning's steps: validations after 6 and 12, the best's
 
 

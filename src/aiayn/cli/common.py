@@ -149,10 +149,13 @@ class _LibraryTips(logging.Filter):
 
 def quiet_libraries() -> None:
     """Keep the console to lines a user can act on: no advertisements, no deprecation warnings that
-    Lightning raises about torch's own internals (they are for Lightning's developers)."""
+    Lightning raises about torch's own internals (they are for Lightning's developers), no warning that
+    a continued run's checkpoint folder is not empty."""
     for name in ("pytorch_lightning.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_LibraryTips())
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+    # A continued run writes into its own checkpoints/ folder by design (LastCheckpoint owns last.ckpt).
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
 def fail(program: str, error: BaseException | str, status: int, what: str = "error") -> None:
