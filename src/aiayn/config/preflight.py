@@ -106,12 +106,16 @@ def check_positions(data: DictConfig, model: DictConfig) -> None:
 
 def check_checkpointing(checkpoint: DictConfig) -> None:
     """``checkpoint.monitor`` is a metric every validation logs (else the run fails at its first
-    validation, after the work), ``checkpoint.mode`` says which way it improves, and
-    ``checkpoint.keep_last`` and ``checkpoint.average_last`` fit together."""
+    validation, after the work), ``checkpoint.mode`` says which way it improves, ``checkpoint.evaluate``
+    names a checkpoint, and ``checkpoint.keep_last`` and ``checkpoint.average_last`` fit together."""
     monitored = [f"val/{name}" for name in EVALUATION_METRICS]
     if checkpoint.monitor not in monitored:
         raise ConfigError(
             "checkpoint.monitor", checkpoint.monitor, f"is not a validation metric; use one of {', '.join(monitored)}"
+        )
+    if checkpoint.evaluate not in ("best", "final"):
+        raise ConfigError(
+            "checkpoint.evaluate", checkpoint.evaluate, "must be best (by checkpoint.monitor) or final (the last step)"
         )
     if checkpoint.mode not in ("min", "max"):
         raise ConfigError(

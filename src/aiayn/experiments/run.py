@@ -1,5 +1,6 @@
 """One training run, as a story: check the config → build the data, the module, the callbacks and the
-trainer → fit → validate and test the best checkpoint, test the average of the newest → ``results.json``.
+trainer → fit → validate and test the evaluated checkpoint (the best, or the final one), test the average
+of the newest → ``results.json``.
 
 The composed config comes from Hydra (``aiayn-train``) or :func:`aiayn.config.compose.compose_run_config`.
 """
@@ -31,7 +32,7 @@ from aiayn.files import atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
 from aiayn.training.batching import batch_layout, configure_batching
-from aiayn.training.callbacks.checkpointing import LastCheckpoint, validation_checkpoints
+from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.preemption import Preemption
 from aiayn.training.callbacks.progress import progress_callbacks, progress_style
@@ -54,17 +55,20 @@ class RunResults:
     corpus without a test split, the averaged ones when fewer than two checkpoints were averaged."""
 
     params: int
-    val_bleu: float
+    val_bleu: float  # val_* and test_* are the evaluated checkpoint's
     val_ppl: float
     val_loss: float
+    best_val_bleu: float | None  # the best validation BLEU of the run (best.ckpt's), when it monitors val/bleu
     decoding: dict[str, Any]
     steps: int
     epochs: int
     train_tokens: int  # real source + target tokens of the whole run, all ranks, resumed parts included
     train_tokens_per_s: float
-    best_checkpoint: str  # relative to the run folder, unless it lies in the folder of a resumed run
+    evaluated: str  # checkpoint.evaluate: "best" or "final"
+    evaluated_checkpoint: str  # relative to the run folder, unless it lies in the folder of a resumed run
+    best_checkpoint: str
     resumed_from: str | None
-    test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, sacrebleu_signature: the best's
+    test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, sacrebleu_signature
     averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
@@ -143,20 +147,24 @@ def train(
             log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
             fit(trainer, module, datamodule, run.last, resume)
             best = best_checkpoint(run)
-            val = validate_best(trainer, module, datamodule, best)
-            test = test_best(trainer, module, datamodule, best, run_dir)
+            evaluated = best if cfg.checkpoint.evaluate == "best" else run.last.path
+            val = validate_checkpoint(trainer, module, datamodule, evaluated)
+            test = test_checkpoint(trainer, module, datamodule, evaluated, run_dir)
             averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
             results = RunResults(
                 params=count_parameters(module.model),
                 val_bleu=val["val/bleu"],
                 val_ppl=val["val/ppl"],
                 val_loss=val["val/loss"],
+                best_val_bleu=best_score(run.best),
                 decoding=module.decoding.to_dict(),
                 steps=trainer.global_step,
                 epochs=trainer.current_epoch,
                 train_tokens=run.throughput.all_tokens,
                 train_tokens_per_s=run.throughput.tokens_per_s,
-                best_checkpoint=str(best.relative_to(run_dir) if best.is_relative_to(run_dir) else best),
+                evaluated=cfg.checkpoint.evaluate,
+                evaluated_checkpoint=in_run(evaluated, run_dir),
+                best_checkpoint=in_run(best, run_dir),
                 resumed_from=str(resume) if resume else None,
                 batch=batching,
                 data=datamodule.filtered,
@@ -181,6 +189,17 @@ def best_checkpoint(run: RunCallbacks) -> Path:
     return best if best is not None and best.is_file() else run.last.path
 
 
+def best_score(best: ModelCheckpoint) -> float | None:
+    """The best validation BLEU (the score of ``best.ckpt``) when the run ranks by it."""
+    score = best.best_model_score
+    return float(score) if best.monitor == "val/bleu" and score is not None else None
+
+
+def in_run(path: Path, run_dir: Path) -> str:
+    """``path`` relative to the run folder, unless it lies in the folder of a resumed run."""
+    return str(path.relative_to(run_dir) if path.is_relative_to(run_dir) else path)
+
+
 def sole_writer(run_dir: Path) -> AbstractContextManager[None]:
     """This process is the one writer of ``run_dir`` while the run lasts (:mod:`aiayn.files`); under DDP
     the first rank holds it for all (the others write nothing there that it does not coordinate)."""
@@ -202,6 +221,7 @@ def run_callbacks(
         guard=NonFiniteGuard(cfg.max_nonfinite_steps, last.path),
         throughput=TokenThroughput(peak_tflops=cfg.peak_tflops),
         others=[
+            FinalStepValidation(),
             SelfContainedCheckpoints(resolved, overrides),
             RandomState(),
             ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
@@ -243,20 +263,22 @@ def fit(
     epochs.processed = epochs.completed = epochs.started
 
 
-def validate_best(
-    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, best: Path
+def validate_checkpoint(
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, checkpoint: Path
 ) -> dict[str, float]:
-    """The validation metrics of the best checkpoint."""
-    return trainer.validate(module, datamodule=datamodule, ckpt_path=str(best), verbose=False, weights_only=True)[0]
+    """The validation metrics of ``checkpoint``."""
+    ckpt_path = str(checkpoint)
+    return trainer.validate(module, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False, weights_only=True)[0]
 
 
-def test_best(
-    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, best: Path, run_dir: Path
+def test_checkpoint(
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, checkpoint: Path, run_dir: Path
 ) -> dict[str, Any]:
-    """The best checkpoint's test scores (``test.hyp.txt`` holds its translations); none without a test split."""
+    """``checkpoint``'s test scores (``test.hyp.txt`` holds its translations); none without a test split."""
     if "test" not in datamodule.roles:
         return {}
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=str(best), verbose=False, weights_only=True)[0]
+    ckpt_path = str(checkpoint)
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False, weights_only=True)[0]
     scores = test_scores(trainer, module, datamodule, run_dir / "test.hyp.txt")
     return {
         "test_bleu": scores["sacrebleu"],

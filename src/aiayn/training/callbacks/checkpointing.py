@@ -69,6 +69,20 @@ class LastCheckpoint(Checkpoint):
             self.save(trainer)
 
 
+class FinalStepValidation(pl.Callback):
+    """The step a ``max_steps`` run ends at is validated, so that it is a step checkpoint (and a candidate
+    for ``best.ckpt``) even when it is not a multiple of ``checkpoint.every_steps``: the paper's base runs
+    validate every 1400 steps up to 100000, and without this their newest step checkpoint, the last of the
+    five averaged (§6.1), would be step 98000 + 1400 = 99400. Lightning validates after a batch that asks
+    the trainer to stop, as it does for ``trainer.max_time``."""
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True
+
+
 def validation_checkpoints(
     folder: Path, monitor: str, mode: str, keep_last: int
 ) -> tuple[ModelCheckpoint, LastCheckpoint, ModelCheckpoint]:
