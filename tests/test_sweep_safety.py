@@ -54,6 +54,8 @@ if not (folder / "last.ckpt").exists():  # a continued trial has the rest of its
     time.sleep(float(params["seconds"]))
 while not Path(params.get("until", "/")).exists():  # the test's word to end
     time.sleep(0.05)
+(folder / "csv").mkdir(exist_ok=True)
+(folder / "csv" / "metrics.csv").write_text(f"step,val/bleu\\n3,{int(params['seed']) / 10}\\n3,\\n")
 (folder / "results.json").write_text(json.dumps({"val_bleu": int(params["seed"]) / 10}))
 note("finished")
 """
@@ -68,7 +70,7 @@ def fake_sweep(tmp_path: Path, seeds: list[int], *fixed: str) -> Path:
     config = {
         "method": "grid",
         "program": str(script),
-        "metric": {"name": "val_bleu", "goal": "maximize"},
+        "metric": {"name": "val/bleu", "goal": "maximize"},
         "parameters": {"seed": {"values": seeds}},
         "command": command,
     }
@@ -263,7 +265,7 @@ def test_sweep_json_is_whole_whenever_its_writer_dies(tmp_path: Path) -> None:
 SMOKE_SWEEP = """\
 name: smoke
 method: grid
-metric: {{name: val_bleu, goal: maximize}}
+metric: {{name: val/bleu, goal: maximize}}
 parameters:
   seed: {{values: [1]}}
 command:

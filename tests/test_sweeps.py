@@ -48,7 +48,7 @@ def test_every_ablation_has_a_multi30k_and_a_paper_scale_sweep() -> None:
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
 def test_sweep_file_parses_and_every_trial_composes(path: Path) -> None:
     config = load_sweep(path)  # W&B's own schema
-    assert ARGS_MACRO in config["command"] and config["metric"]["name"] == "val_bleu"
+    assert ARGS_MACRO in config["command"] and config["metric"]["name"] == "val/bleu"
     assert len(config["parameters"]["seed"]["values"]) >= 2  # several seeds
     trials = expand(config, 1000)
     sizes = [len(spec["values"]) for spec in config["parameters"].values()]
@@ -98,6 +98,16 @@ def write_sweep(path: Path, text: str) -> Path:
             "command: ['${interpreter}', '${program}', '${args_no_hyphens}']\n",
             "drop it for a console script",
         ),
+        (
+            "method: bayes\nmetric: {name: val_bleu, goal: maximize}\nparameters: {seed: {values: [1]}}\n"
+            "command: ['${args_no_hyphens}']\n",
+            "metric.name 'val_bleu' is not a key the trials log to their history, .*did you mean val/bleu",
+        ),
+        (
+            "method: grid\nmetric: {name: val/blue}\nparameters: {seed: {values: [1]}}\n"
+            "command: ['${args_no_hyphens}']\n",
+            "metric.name 'val/blue' is not a key .*one of val/loss",
+        ),
         ("method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", None),
     ],
 )
@@ -121,7 +131,7 @@ def test_run_cap_bounds_a_random_sweep(tmp_path: Path) -> None:
 def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> None:
     space = {"optim.lr_scale": {"min": 0.5, "max": 2.0}, "model.n_heads": {"values": [1, 2, 4]}}
     for method in ("random", "bayes"):
-        config = {"method": method, "metric": {"name": "val_bleu", "goal": "maximize"}, "parameters": space}
+        config = {"method": method, "metric": {"name": "val/bleu", "goal": "maximize"}, "parameters": space}
         trials = expand(config, 5)
         assert len(trials) == 5 and len({t["optim.lr_scale"] for t in trials}) == 5
         assert all(0.5 <= t["optim.lr_scale"] <= 2.0 and t["model.n_heads"] in (1, 2, 4) for t in trials)
@@ -156,7 +166,7 @@ def test_a_setting_proposed_twice_gets_a_second_folder(tmp_path: Path) -> None:
 TINY_SWEEP = """\
 name: tiny
 method: grid
-metric: {{name: val_bleu, goal: maximize}}
+metric: {{name: val/bleu, goal: maximize}}
 parameters:
   model.positional: {{values: [sinusoidal, broken, none]}}
 command:
@@ -208,6 +218,13 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
             wandb_run.group == "sweep/tiny"
             and wandb_run.config["model.positional"] == trial["params"]["model.positional"]
         )
+        # Every sweep file's metric is a key of a real trial's history, as W&B's search reads it; its last
+        # value is the trial's metric.
+        history_keys = {key for row in wandb_run.history for key in row}
+        for path in SWEEP_FILES:
+            metric = load_sweep(path)["metric"]["name"]
+            assert metric in history_keys, f"{path.name}: metric.name {metric} is not in {sorted(history_keys)}"
+        assert wandb_run.rows_with("val/bleu")[-1]["val/bleu"] == pytest.approx(trial["metric"])
 
     again = run_sweep_cli([str(sweep)], tmp_path)  # finished trials are skipped; the failed one runs again
     assert again.returncode == 1

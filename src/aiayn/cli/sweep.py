@@ -1,8 +1,11 @@
 """``aiayn-sweep <sweep file>``: run a W&B sweep file's trials here, without a W&B server.
 
 The same file works with ``wandb sweep <file>`` + ``wandb agent <id>``; this runs its trials one after
-another (or ``--parallel N`` at a time), logs them to W&B offline and records them in the sweep's folder,
-so that running it again skips what has finished. ``--dry-run`` lists the trials and checks that each
+another (or ``--parallel N`` at a time; on a GPU machine each on GPUs of its own), logs them to W&B
+offline and records them in the sweep's folder, so that running it again skips what has finished.
+``--launcher slurm`` submits each trial as a SLURM job instead (the settings of ``hardware=slurm``); the
+runner stays where it was started, and started again it re-attaches to the jobs it submitted.
+``--dry-run`` lists the trials and checks that each
 composes as a Hydra config, without training. Ctrl-C or SIGTERM stops the running trials gently (they save
 their last checkpoint) and exits with 128 + the signal; a second Ctrl-C kills them at once.
 """
@@ -20,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from aiayn.cli.common import reported_as_usage_errors
 from aiayn.config.compose import compose_config
+from aiayn.experiments.launchers import LAUNCHERS, LOCAL
 from aiayn.experiments.sweep import (
     FINISHED,
     SweepStopped,
@@ -44,7 +48,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--count", type=int, help="trials in the sweep in all (default: the file's run_cap; a grid: all of it)"
     )
-    parser.add_argument("--parallel", type=int, default=1, help="trials running at a time (default: 1)")
+    parser.add_argument("--parallel", type=int, default=1, help="trials running (or submitted) at a time (default: 1)")
+    parser.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default=LOCAL,
+        help="local: processes here, each on GPUs of its own where there are GPUs; slurm: each trial a SLURM job "
+        "(hardware=slurm's settings, through submitit); submitit-local: submitit's jobs as local processes",
+    )
     parser.add_argument("--dry-run", action="store_true", help="list the trials and compose each; train nothing")
     return parser.parse_args(argv)
 
@@ -72,7 +83,9 @@ def dry_run(args: argparse.Namespace) -> int:
 def show(trial: Trial) -> None:
     outcome = f"metric {trial.metric:.4g}" if trial.metric is not None else (trial.error or trial.state)
     params = " ".join(f"{key}={value}" for key, value in trial.params.items())
-    print(f"{trial.name} {trial.state} ({outcome}): {params}", flush=True)
+    where = f" on device(s) {','.join(trial.devices) or 'none'}" if trial.devices is not None else ""
+    job = f" [{trial.launcher} job {trial.job_id}]" if trial.submitted else ""
+    print(f"{trial.name} {trial.state}{where}{job} ({outcome}): {params}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run:
             sys.exit(dry_run(args))
         try:
-            state = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show)
+            state = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show, launcher=args.launcher)
         except SweepStopped as stopped:  # while trials ran: they were stopped and recorded
             print(f"aiayn-sweep: {stopped}", file=sys.stderr)
             sys.exit(128 + stopped.signum)

@@ -40,7 +40,8 @@ def run(cfg: DictConfig) -> None:
     if not retain_freed_memory():
         log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
-    if hydra_cfg.mode != RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith("SlurmLauncher"):
+    in_job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_EXECUTOR")  # an aiayn-sweep trial's job
+    if hydra_cfg.mode != RunMode.MULTIRUN and hydra_cfg.launcher._target_.endswith("SlurmLauncher") and not in_job:
         # Without -m Hydra ignores the launcher: the run would start here, on the login node.
         print(
             "hardware=slurm submits jobs through Hydra's launcher: add -m (aiayn-train -m hardware=slurm ...)",

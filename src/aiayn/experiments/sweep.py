@@ -14,10 +14,20 @@ SIGINT or SIGTERM the runner sends its trials SIGTERM (they save ``checkpoints/l
 records them as interrupted and raises :class:`SweepStopped`. A runner killed outright leaves its trials
 running; run again, it starts no trial twice: a trial whose run folder a living process still holds
 (:func:`aiayn.files.run_folder_holder`) is waited for, and its ``results.json`` taken or the trial continued.
+
+On a machine with GPUs each running trial gets GPUs of its own (:mod:`aiayn.experiments.placement`),
+recorded as the trial's ``devices``. ``launcher`` ``slurm`` (or ``submitit-local``) submits each trial as a
+job instead (:mod:`aiayn.experiments.launchers`): the runner records its job id and state, a stopping
+runner leaves the jobs running, and a runner started again re-attaches to them.
+
+The sweep's metric (``metric.name``) is a key the trials log to their history (``val/bleu``), where W&B's
+bayes search and early termination read it; a trial's value is the last one its ``csv/metrics.csv`` holds,
+the value W&B's run summary shows: the validation of the checkpoint the run scores.
 """
 
 from __future__ import annotations
 
+import csv
 import fcntl
 import json
 import logging
@@ -28,7 +38,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,8 +46,22 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
+from aiayn.experiments.launchers import (
+    LAUNCHERS,
+    LOCAL,
+    SLURM,
+    SUBMITTED,
+    SubmititLauncher,
+    TrialHandle,
+    TrialJob,
+    TrialProcess,
+    start_process,
+)
+from aiayn.experiments.placement import DevicePool, PlacementError, devices_needed, runner_devices
 from aiayn.files import atomic_write, run_folder_holder
 from aiayn.machine import available_cpus
+from aiayn.training.loggers import METRICS_CSV
+from aiayn.training.module import EVALUATION_METRICS
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +70,9 @@ STATE_FILE = "sweep.json"
 FINISHED, FAILED, RUNNING, INTERRUPTED = "finished", "failed", "running", "interrupted"
 STOP_SECONDS = 60  # stopped trials' time to save last.ckpt, end cleanly and flush W&B before they are killed
 POLL_SECONDS = 0.2  # how often the runner looks at its trials and at the run folders it waits for
+JOB_POLL_SECONDS = 10.0  # how often it asks SLURM about submitted jobs (sacct is not to be hammered)
+FOREIGN_VARIABLES = ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_RUN_GROUP")  # a surrounding W&B run's
+METRICS = tuple(f"{stage}/{name}" for stage in ("val", "test") for name in EVALUATION_METRICS)
 
 
 class SweepError(ValueError):
@@ -55,11 +82,12 @@ class SweepError(ValueError):
 class SweepStopped(Exception):
     """SIGINT or SIGTERM stopped the runner; its running trials were stopped and recorded as interrupted."""
 
-    def __init__(self, signum: int, stopped: int, state: Path) -> None:
+    def __init__(self, signum: int, stopped: int, state: Path, detached: int = 0) -> None:
         self.signum = signum
         name = signal.Signals(signum).name
+        jobs = f"; {detached} submitted job(s) go on, and the runner re-attaches to them" if detached else ""
         super().__init__(
-            f"{name} received: {stopped} running trial(s) stopped and recorded as interrupted in {state}; "
+            f"{name} received: {stopped} running trial(s) stopped and recorded as interrupted in {state}{jobs}; "
             "run the same command again to continue the sweep"
         )
 
@@ -96,6 +124,7 @@ def load_sweep(path: Path) -> dict[str, Any]:
     )  # W&B's default: ${interpreter} ${program}
     if script and command[script - 1] == "${interpreter}" and not str(config.get("program")).endswith(".py"):
         raise SweepError(f"{path}: ${{interpreter}} runs Python scripts; drop it for a console script like aiayn-train")
+    check_metric(path, config)
     for name, spec in config["parameters"].items():
         check_parameter(path, name, spec)
     try:  # what the engine checks only when it proposes (bayes needs a metric, grid needs discrete values)
@@ -105,6 +134,19 @@ def load_sweep(path: Path) -> dict[str, Any]:
     if "early_terminate" in config:
         log.warning("%s: aiayn-sweep runs every trial to its end; early_terminate applies under wandb agent only", path)
     return config
+
+
+def check_metric(path: Path, config: dict[str, Any]) -> None:
+    """``metric.name`` must be a key the trials log to their history: W&B's bayes search and
+    hyperband read it there (a key only the run summary holds, like results.json's ``val_bleu``, leaves
+    them searching blind)."""
+    name = config.get("metric", {}).get("name")
+    if name is not None and name not in METRICS:
+        hint = f"; did you mean {name.replace('_', '/', 1)}?" if name.replace("_", "/", 1) in METRICS else ""
+        raise SweepError(
+            f"{path}: metric.name {name!r} is not a key the trials log to their history, where W&B's search "
+            f"reads it{hint} (one of {', '.join(METRICS)})"
+        )
 
 
 def check_parameter(path: Path, name: str, spec: dict[str, Any]) -> None:
@@ -200,6 +242,15 @@ class Trial:
     metric: float | None = None
     error: str | None = None
     seconds: float | None = None
+    devices: list[str] | None = None  # the GPUs it was given (CUDA_VISIBLE_DEVICES), when the runner placed it
+    launcher: str | None = None  # where it was last started: local, slurm, submitit-local
+    job_id: str | None = None  # its process or scheduler job
+    job_state: str | None = None  # what the scheduler last said of its job
+
+    @property
+    def submitted(self) -> bool:
+        """A job of a scheduler: it outlives the runner, which re-attaches to it by its id."""
+        return self.launcher in SUBMITTED and self.job_id is not None
 
     @property
     def name(self) -> str:
@@ -243,7 +294,7 @@ class SweepState:
                 "or move the old one away"
             )
         for trial in trials:  # a runner that was killed left them running (they may still be)
-            if trial.state == RUNNING:
+            if trial.state == RUNNING and not trial.submitted:  # submitted jobs are re-attached to
                 trial.state, trial.error = INTERRUPTED, "its runner ended while it ran"
         return cls(folder, config, trials)
 
@@ -283,12 +334,15 @@ def run_sweep(
     count: int | None = None,
     parallel: int = 1,
     report: Callable[[Trial], None] = lambda trial: None,
+    launcher: str = LOCAL,
 ) -> SweepState:
     """Run the sweep file ``source`` until it has ``count`` trials (see :func:`trial_count`), ``parallel``
-    processes at a time; returns the sweep's state (its folder, every trial). A trial that fails is
-    recorded and the others go on."""
+    at a time, where ``launcher`` says (:mod:`aiayn.experiments.launchers`); returns the sweep's state
+    (its folder, every trial). A trial that fails is recorded and the others go on."""
     if parallel < 1:
         raise SweepError(f"--parallel {parallel}: run at least one trial at a time")
+    if launcher not in LAUNCHERS:
+        raise SweepError(f"--launcher {launcher}: use one of {', '.join(LAUNCHERS)}")
     config = load_sweep(source)
     folder = Path(folder or default_folder(config, source)).resolve()
     total = trial_count(config, count, source)
@@ -296,7 +350,7 @@ def run_sweep(
     with exclusive(folder):
         state = SweepState.open(folder, config, source)
         state.save()
-        run_trials(state, total, parallel, report)
+        run_trials(state, total, parallel, report, launcher)
     return state
 
 
@@ -311,26 +365,29 @@ def exclusive(folder: Path) -> Iterator[None]:
         yield
 
 
-def run_trials(state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None]) -> None:
+def run_trials(
+    state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None], launcher: str = LOCAL
+) -> None:
     """Run the sweep's unfinished trials, then new ones, until it has ``total``; SIGINT or SIGTERM stops
-    the running ones and raises :class:`SweepStopped`."""
-    runner = TrialRunner(state, total, parallel, report)
+    the running processes (submitted jobs go on) and raises :class:`SweepStopped`."""
+    runner = TrialRunner(state, total, parallel, report, launcher)
     with stop_requests() as stop:
         try:
             runner.run(stop)
         finally:  # stopped, or an error of the runner's own: no trial is left running unwatched
-            stopped = runner.stop_all(stop)
+            stopped, detached = runner.stop_all(stop)
     if stop.signum is not None:
-        raise SweepStopped(stop.signum, stopped, state.folder / STATE_FILE)
+        raise SweepStopped(stop.signum, stopped, state.folder / STATE_FILE, detached)
 
 
 @dataclass
 class Launched:
-    """A trial's process, started by this runner."""
+    """A running trial: a process this runner started, or a submitted job it watches."""
 
     trial: Trial
-    process: subprocess.Popen[bytes]
+    handle: TrialHandle
     started: float
+    next_poll: float = 0.0  # when to ask about a submitted job next
 
 
 class StopRequest:
@@ -341,14 +398,15 @@ class StopRequest:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.hurry = False
-        self.processes: list[subprocess.Popen[bytes]] = []  # the trials being stopped
+        self.processes: list[TrialProcess] = []  # the trials being stopped
 
     def __call__(self, signum: int, frame: object) -> None:
         if self.signum is None:
             self.signum = signum
         elif signum == signal.SIGINT:
             self.hurry = True
-            signal_groups(self.processes, signal.SIGKILL)
+            for process in self.processes:
+                process.signal(signal.SIGKILL)
 
 
 @contextmanager
@@ -363,25 +421,27 @@ def stop_requests() -> Iterator[StopRequest]:
             signal.signal(signum, handler)
 
 
-def signal_groups(processes: Sequence[subprocess.Popen[bytes]], signum: int) -> None:
-    """Send ``signum`` to the process group of each trial not yet reaped (its pid, and so its group, is still
-    its own): the trial and its workers."""
-    for process in processes:
-        if process.returncode is None:
-            with suppress(ProcessLookupError):
-                os.killpg(process.pid, signum)
-
-
 class TrialRunner:
     """The trials of one runner, ``parallel`` at a time, none started in a run folder that another process
-    holds: a trial that outlived a killed runner is waited for (it takes a place), not started twice."""
+    holds: a trial that outlived a killed runner is waited for (it takes a place), not started twice. On a
+    machine with GPUs a trial starts once the devices it needs are free."""
 
-    def __init__(self, state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None]) -> None:
+    def __init__(
+        self, state: SweepState, total: int | None, parallel: int, report: Callable[[Trial], None], launcher: str
+    ) -> None:
         self.state, self.total, self.parallel, self.report = state, total, parallel, report
-        self.queue = [trial for trial in state.trials if trial.state != FINISHED]
-        self.env = trial_environment(state.folder, parallel)
+        self.launcher = launcher
         self.running: dict[int, Launched] = {}
         self.waiting: dict[int, Trial] = {}  # their run folders are held by processes this runner did not start
+        # The scheduler places submitted jobs; here, the runner places its own processes.
+        self.pool = DevicePool(runner_devices() if launcher == LOCAL else [])
+        if self.pool.devices:
+            log.info("placing trials on %d device(s): %s", len(self.pool.devices), ",".join(self.pool.devices))
+        self.env = trial_environment(state.folder, parallel)
+        for trial in state.trials:
+            if trial.state == RUNNING and trial.submitted:
+                self.reattach(trial)
+        self.queue = [trial for trial in state.trials if trial.state not in (FINISHED, RUNNING)]
 
     def run(self, stop: StopRequest) -> None:
         """Until every trial has ended, or ``stop`` holds a signal."""
@@ -390,15 +450,18 @@ class TrialRunner:
                 trial = self.queue.pop(0) if self.queue else new_trial(self.state, self.total)
                 if trial is None:
                     break
-                self.launch(trial)
+                if not self.launch(trial):  # its devices are not free yet: it starts first once they are
+                    self.queue.insert(0, trial)
+                    break
             if not self.running and not self.waiting:
                 return
             self.poll()
             time.sleep(POLL_SECONDS)
 
-    def launch(self, trial: Trial) -> None:
+    def launch(self, trial: Trial) -> bool:
         """Start ``trial``; or, when a living process holds its run folder, wait for that process; or, when
-        such a process has ended and left ``results.json``, take its results."""
+        such a process has ended and left ``results.json``, take its results. False when the devices it
+        needs are not free (nothing was done)."""
         trial.run_dir = trial_folder(trial, self.state)
         folder = self.state.folder / trial.run_dir
         holder = run_folder_holder(folder)
@@ -407,50 +470,101 @@ class TrialRunner:
             log.warning("%s: not started: its run folder %s is in use by %s; waiting", trial.name, folder, holder)
             self.waiting[trial.number] = trial
             self.state.save()
-            return
+            return True
         if trial.state == INTERRUPTED and self.state.results(trial).is_file():  # it ended while no runner watched
             log.info("%s: taking results.json of the run that ended in %s", trial.name, folder)
             trial.returncode, trial.seconds = None, None
             take_results(trial, self.state)
             self.record(trial)
-            return
-        process, started = start_trial(trial, self.state, self.env)
-        if process is None:
+            return True
+        trial.command = trial_command(self.state.config, trial.params)
+        try:
+            config = compose_trial(trial.command) if self.pool.devices or self.launcher != LOCAL else None
+            devices = self.place(trial, config)
+        except (PlacementError, ValueError) as error:  # never placeable, or no config: recorded as failed
+            trial.state, trial.error = FAILED, f"not started: {str(error).splitlines()[0]}"
+            self.record(trial)
+            return True
+        if devices is None:
+            return False
+        trial.devices = devices if self.pool.devices else None
+        handle, started = start_trial(trial, self.state, self.env, self.launcher, config, devices)
+        if handle is None:
+            self.pool.give_back(devices)
             self.record(trial)
         else:
-            self.running[trial.number] = Launched(trial, process, started)
+            self.running[trial.number] = Launched(trial, handle, started)
             self.state.save()
+        return True
+
+    def place(self, trial: Trial, config: Any) -> list[str] | None:
+        """The devices ``trial`` runs on ([] for none), now taken; None while they are not free."""
+        if config is None or not self.pool.devices:
+            return []
+        needed = devices_needed(config.trainer, len(self.pool.devices))
+        devices = self.pool.take(needed)
+        if devices is not None:
+            free = len(self.pool.free)
+            log.info("%s: on device(s) %s (%d of %d free now)", trial.name, ",".join(devices) or "none",
+                     free, len(self.pool.devices))  # fmt: skip
+        return devices
+
+    def reattach(self, trial: Trial) -> None:
+        """Watch the job a runner before this one submitted for ``trial``."""
+        assert trial.launcher is not None and trial.job_id is not None
+        handle = SubmititLauncher(trial.launcher, self.state.folder).attach(trial.job_id, exit_file(self.state, trial))
+        log.info("%s: re-attached to %s job %s", trial.name, trial.launcher, trial.job_id)
+        self.running[trial.number] = Launched(trial, handle, time.monotonic())
 
     def poll(self) -> None:
         """Record the trials that ended; launch those whose run folders were released."""
         for launched in list(self.running.values()):
-            if launched.process.poll() is not None:
+            if launched.handle.detaches:
+                if time.monotonic() < launched.next_poll:
+                    continue
+                launched.next_poll = time.monotonic() + (JOB_POLL_SECONDS if launched.trial.launcher == SLURM else 0)
+                self.job_state(launched)
+            returncode = launched.handle.poll()
+            if returncode is not None:
                 del self.running[launched.trial.number]
+                self.pool.give_back(launched.trial.devices or [])
                 seconds = time.monotonic() - launched.started
-                finish_trial(launched.trial, launched.process.returncode, seconds, self.state)
+                finish_trial(launched.trial, returncode, seconds, self.state)
                 self.record(launched.trial)
         for trial in list(self.waiting.values()):
             if run_folder_holder(self.state.folder / (trial.run_dir or "")) is None:
                 del self.waiting[trial.number]
                 self.launch(trial)
 
-    def stop_all(self, stop: StopRequest) -> int:
-        """Stop the running trials: SIGTERM to each one's process group (the trial saves
-        ``checkpoints/last.ckpt`` and exits, its workers with it), SIGKILL to the groups still there after
-        :data:`STOP_SECONDS` or at a second Ctrl-C. Each is recorded as interrupted (or as it ended, when it
-        ended by itself first); returns how many were running."""
-        launched = list(self.running.values())
-        stop.processes = [each.process for each in launched]
-        signal_groups(stop.processes, signal.SIGKILL if stop.hurry else signal.SIGTERM)
+    def job_state(self, launched: Launched) -> None:
+        """Record what the scheduler says of a submitted trial's job, when it changed."""
+        state = launched.handle.state()
+        if state != launched.trial.job_state:
+            log.info("%s: job %s %s", launched.trial.name, launched.handle.job_id, state)
+            launched.trial.job_state = state
+            self.state.save()
+
+    def stop_all(self, stop: StopRequest) -> tuple[int, int]:
+        """Stop the trials running as this runner's processes: SIGTERM to each one's process group (the
+        trial saves ``checkpoints/last.ckpt`` and exits, its workers with it), SIGKILL to the groups still
+        there after :data:`STOP_SECONDS` or at a second Ctrl-C. Each is recorded as interrupted (or as it
+        ended, when it ended by itself first). Submitted jobs go on (recorded as running, with their ids).
+        Returns how many were stopped and how many jobs go on."""
+        launched = [each for each in self.running.values() if not each.handle.detaches]
+        processes = [each.handle for each in launched if isinstance(each.handle, TrialProcess)]
+        stop.processes = processes
+        for process in processes:
+            process.signal(signal.SIGKILL if stop.hurry else signal.SIGTERM)
         deadline = time.monotonic() + STOP_SECONDS
-        for each in launched:
+        for each, process in zip(launched, processes, strict=True):
             try:
-                each.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                signal_groups([each.process], signal.SIGKILL)
-                each.process.wait()
+                process.signal(signal.SIGKILL)
+                process.wait(timeout=None)
             del self.running[each.trial.number]
-            returncode, seconds = each.process.returncode, time.monotonic() - each.started
+            self.pool.give_back(each.trial.devices or [])
+            returncode, seconds = process.process.returncode, time.monotonic() - each.started
             if returncode < 0 or returncode == 128 + signal.SIGTERM:  # stopped, or killed, by the runner
                 trial = each.trial
                 trial.state, trial.returncode, trial.seconds = INTERRUPTED, returncode, seconds
@@ -458,7 +572,9 @@ class TrialRunner:
             else:
                 finish_trial(each.trial, returncode, seconds, self.state)
             self.record(each.trial)
-        return len(launched)
+        detached = len(self.running)
+        self.running.clear()
+        return len(launched), detached
 
     def record(self, trial: Trial) -> None:
         self.state.save()
@@ -480,7 +596,7 @@ def trial_environment(folder: Path, parallel: int) -> dict[str, str]:
     """Trials write into the sweep's folder and log to W&B offline unless ``WANDB_MODE`` says otherwise;
     trials that share the CPUs share their threads."""
     env = dict(os.environ)
-    for name in ("WANDB_RUN_ID", "WANDB_SWEEP_ID", "WANDB_RESUME", "WANDB_RUN_GROUP"):  # a surrounding W&B run's
+    for name in FOREIGN_VARIABLES:
         env.pop(name, None)
     env[SWEEP_DIR_ENV] = str(folder)
     env.setdefault("WANDB_MODE", "offline")
@@ -500,11 +616,33 @@ def trial_folder(trial: Trial, state: SweepState) -> str:
     return folder
 
 
-def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[subprocess.Popen[bytes] | None, float]:
-    """Start the trial's process (None when it cannot start: the trial is recorded as failed)."""
-    trial.command = trial_command(state.config, trial.params)
+def compose_trial(command: Sequence[str]) -> Any:
+    """The trial's training config with Hydra's node (its launcher settings), composed from the command's
+    overrides as ``aiayn-train`` composes it; a ValueError with Hydra's reason when it does not compose."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from aiayn.config.compose import compose_config
+
+    try:
+        return compose_config("train", command_overrides(command))
+    except (HydraException, OmegaConfBaseException) as error:
+        raise ValueError(f"its overrides do not compose: {error}") from None
+
+
+def exit_file(state: SweepState, trial: Trial) -> Path:
+    """Where a submitted trial's job writes its exit status."""
+    return state.folder / "logs" / f"{trial.name}.exit.json"
+
+
+def start_trial(
+    trial: Trial, state: SweepState, env: dict[str, str], launcher: str, config: Any, devices: list[str]
+) -> tuple[TrialHandle | None, float]:
+    """Start the trial's process, or submit its job (None when it cannot start: the trial is recorded as
+    failed)."""
     trial.run_dir = trial_folder(trial, state)
     trial.state, trial.returncode, trial.metric, trial.error = RUNNING, None, None, None
+    trial.launcher, trial.job_id, trial.job_state = launcher, None, None
     logs = state.folder / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     # As `wandb agent` does: the trial's parameters in W&B's format, named by $WANDB_SWEEP_PARAM_PATH
@@ -512,16 +650,36 @@ def start_trial(trial: Trial, state: SweepState, env: dict[str, str]) -> tuple[s
     params = logs / f"{trial.name}.params.yaml"
     params.write_text(yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
     log.info("%s: %s", trial.name, " ".join(trial.command))
-    trial_env = {**env, "WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: str(state.folder / trial.run_dir)}
-    with open(logs / f"{trial.name}.log", "ab") as output:
-        try:  # a session of its own: a terminal's Ctrl-C reaches the runner, which stops the trial gently
-            process = subprocess.Popen(
-                trial.command, stdout=output, stderr=subprocess.STDOUT, env=trial_env, start_new_session=True
+    own = {"WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: str(state.folder / trial.run_dir)}
+    if trial.devices is not None:  # placed by the runner: these GPUs (none for a CPU trial)
+        own["CUDA_VISIBLE_DEVICES"] = ",".join(trial.devices)
+    log_file = logs / f"{trial.name}.log"
+    handle: TrialHandle
+    try:
+        if launcher == LOCAL:
+            handle = start_process(trial.command, {**env, **own}, log_file)
+        else:
+            variables = {**trial_variables(env), **own}
+            job = TrialJob(
+                trial.command, variables, list(FOREIGN_VARIABLES), str(log_file), str(exit_file(state, trial))
             )
-        except OSError as error:
-            trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror}"
-            return None, time.monotonic()
-    return process, time.monotonic()
+            handle = SubmititLauncher(launcher, state.folder).submit(f"{state.folder.name}-{trial.name}", job,
+                                                                     config.hydra.launcher)  # fmt: skip
+    except OSError as error:
+        trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror or error}"
+        return None, time.monotonic()
+    except ValueError as error:
+        trial.state, trial.error = FAILED, f"not submitted: {error}"
+        return None, time.monotonic()
+    trial.job_id = handle.job_id
+    log.info("%s: %s %s", trial.name, "job" if handle.detaches else "process", trial.job_id)
+    return handle, time.monotonic()
+
+
+def trial_variables(env: dict[str, str]) -> dict[str, str]:
+    """What a trial's environment sets beyond the runner's own: a submitted job's node brings its own
+    environment (SLURM's, the node's CUDA and paths), to which these are added."""
+    return {key: value for key, value in env.items() if os.environ.get(key) != value}
 
 
 def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepState) -> None:
@@ -538,14 +696,28 @@ def finish_trial(trial: Trial, returncode: int, seconds: float, state: SweepStat
 
 
 def take_results(trial: Trial, state: SweepState) -> None:
-    """Record ``trial`` as finished, with its metric from its run folder's ``results.json``."""
+    """Record ``trial`` as finished, with its metric: the last value of ``metric.name`` in its run's
+    ``csv/metrics.csv`` (the history W&B's search reads; its last value is the run summary's)."""
     trial.state, trial.error = FINISHED, None
     metric = state.config.get("metric", {}).get("name")
     if metric:
-        summary = json.loads(state.results(trial).read_text())
-        value = summary.get(metric)
-        if isinstance(value, (int, float)):
-            trial.metric = float(value)
-        else:  # bayes would search blind: say so
-            trial.error = f"metric.name {metric!r} is not a number in results.json; it has {', '.join(summary)}"
+        history = state.folder / (trial.run_dir or "") / METRICS_CSV
+        trial.metric = last_logged(history, metric)
+        if trial.metric is None:  # bayes would search blind: say so
+            trial.error = f"{history} holds no value of metric.name {metric!r}"
             log.warning("%s: %s", trial.name, trial.error)
+
+
+def last_logged(history: Path, key: str) -> float | None:
+    """The last number ``key`` has in the metrics CSV ``history`` (None: no such file, column or value)."""
+    try:
+        with open(history, newline="") as rows:
+            values = [row.get(key) for row in csv.DictReader(rows)]
+    except OSError:
+        return None
+    for value in reversed(values):
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+    return None

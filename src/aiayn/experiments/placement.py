@@ -1,0 +1,79 @@
+"""Which GPUs each of a sweep's trials runs on: every running trial gets devices of its own, as many as its
+config's ``trainer.devices`` asks for, through ``CUDA_VISIBLE_DEVICES`` (inside the trial, Lightning then
+sees them as devices 0..n-1).
+
+The runner's devices are the GPUs it sees: ``$AIAYN_SWEEP_DEVICES`` when set (a comma-separated list of
+device indices or UUIDs: a share of a node, or a simulated machine), else ``$CUDA_VISIBLE_DEVICES``, else
+every CUDA device. A machine without any keeps the CPU-only behaviour: trials share the CPU's threads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+DEVICES_ENV = "AIAYN_SWEEP_DEVICES"
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+class PlacementError(ValueError):
+    """A trial that can never be placed on this runner's devices; the message says why and what to do."""
+
+
+def runner_devices() -> list[str]:
+    """The devices the runner places trials on (see the module's docstring)."""
+    for name in (DEVICES_ENV, "CUDA_VISIBLE_DEVICES"):
+        listed = os.environ.get(name)
+        if listed is not None:
+            return [device.strip() for device in listed.split(",") if device.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+def devices_needed(trainer: Any, available: int) -> int:
+    """How many of the runner's ``available`` devices a trial whose ``trainer`` section this is takes: its
+    ``trainer.devices`` on a GPU accelerator (``auto`` counts as one where there are GPUs, as Lightning
+    decides), every device for ``-1``/``auto``, none on the CPU."""
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if accelerator not in GPU_ACCELERATORS and not (accelerator == "auto" and available):
+        return 0
+    if int(trainer.get("num_nodes", 1) or 1) > 1:
+        raise PlacementError(
+            f"trainer.num_nodes={trainer.num_nodes} runs on several nodes; send the sweep to SLURM (--launcher slurm)"
+        )
+    devices = trainer.get("devices", "auto")
+    if devices in ("auto", -1, "-1"):
+        return available
+    if isinstance(devices, str):
+        devices = devices.strip()
+        if devices.isdigit():
+            return int(devices)
+        return len([index for index in devices.split(",") if index.strip()])
+    if isinstance(devices, int):
+        return devices
+    return len(devices)  # a list of indices: as many devices (renumbered from 0 inside the trial)
+
+
+class DevicePool:
+    """The runner's devices, each held by at most one running trial."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.devices = list(devices)
+        self.free = list(devices)
+
+    def take(self, n: int) -> list[str] | None:
+        """``n`` free devices (the lowest first), now held; None while fewer than ``n`` are free."""
+        if n > len(self.devices):
+            raise PlacementError(
+                f"it needs {n} devices and this runner has {len(self.devices)} ({', '.join(self.devices) or 'none'}); "
+                f"lower trainer.devices or run the sweep where there are more (${DEVICES_ENV} lists them)"
+            )
+        if n > len(self.free):
+            return None
+        taken, self.free = self.free[:n], self.free[n:]
+        return taken
+
+    def give_back(self, devices: Sequence[str]) -> None:
+        self.free = sorted({*self.free, *devices}, key=self.devices.index)
