@@ -1,0 +1,46 @@
+"""Which checkpoint a run's numbers come from: the final step is always validated and kept as a step
+checkpoint (the newest of those averaged, §6.1), and ``checkpoint.evaluate=final`` scores the final model,
+as the paper's Table 3 does (table3/*), with the best validation's score kept beside it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn.config.compose import compose_run_config
+from helpers.runs import train_in_process
+
+
+def validations(run_dir: Path) -> dict[int, float]:
+    """optimizer step -> val/bleu of every validation during training, from the run's metrics CSV (whose
+    rows carry Lightning's step, one less)."""
+    with open(run_dir / "csv" / "metrics.csv", newline="") as rows:
+        logged = [(int(row["step"]) + 1, float(row["val/bleu"])) for row in csv.DictReader(rows) if row["val/bleu"]]
+    return dict(logged[:-1])  # the last row is the evaluation after training
+
+
+def test_the_final_step_is_a_step_checkpoint_and_final_scores_the_last_model(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    argv = ["debug=smoke", f"data.root={corpus_root}", f"data.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
+    argv += ["trainer.max_steps=11", "checkpoint.every_steps=4", "checkpoint.keep_last=3", "checkpoint.average_last=3"]
+    assert train_in_process([*argv, "checkpoint.evaluate=final"], monkeypatch) == 0
+    results = json.loads((run_dir / "results.json").read_text())
+    assert sorted(validations(run_dir)) == [4, 8, 11]  # 11 is not a multiple of 4: validated all the same
+    assert results["averaged_checkpoints"] == ["step0000004.ckpt", "step0000008.ckpt", "step0000011.ckpt"]
+    assert results["evaluated"] == "final" and results["evaluated_checkpoint"] == "checkpoints/last.ckpt"
+    final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["global_step"] == results["steps"] == 11
+    assert results["val_bleu"] == pytest.approx(validations(run_dir)[11], abs=1e-4)  # the final model's score
+    assert results["best_val_bleu"] == pytest.approx(max(validations(run_dir).values()), abs=1e-4)
+
+
+def test_table3_rows_score_the_final_checkpoint_and_other_runs_the_best() -> None:
+    assert compose_run_config(["experiment=table3/C3"]).checkpoint.evaluate == "final"
+    assert compose_run_config(["experiment=paper/base_wmt14_en_de"]).checkpoint.evaluate == "best"
+    assert compose_run_config([]).checkpoint.evaluate == "best"
