@@ -26,6 +26,7 @@ from aiayn.experiments.sweep import (
     load_sweep,
     trial_command,
     trial_folder,
+    with_overrides,
 )
 from aiayn.experiments.table3 import ROWS
 from helpers.wandb_records import offline_runs
@@ -119,6 +120,15 @@ def test_bad_sweep_files_are_refused_with_the_fix(text: str, message: str | None
         return
     with pytest.raises(SweepError, match=message):
         load_sweep(path)
+
+
+def test_overrides_end_every_trials_command_and_cannot_undo_the_sweep() -> None:
+    config = with_overrides(load_sweep(REPO / "sweeps" / "heads_wmt14.yaml"), ["hardware=slurm", "trainer.num_nodes=1"])
+    command = trial_command(config, expand(config, 1)[0])
+    assert command[-2:] == ["hardware=slurm", "trainer.num_nodes=1"]  # after the file's hardware=gpu8_ddp: they win
+    for override, message in (("seed=3", "seed is one of the sweep's parameters"), ("a=1,2", "is a Hydra sweep")):
+        with pytest.raises(SweepError, match=message):
+            with_overrides(config, [override])
 
 
 def test_run_cap_bounds_a_random_sweep(tmp_path: Path) -> None:

@@ -34,6 +34,7 @@ from aiayn.experiments.sweep import (
     run_sweep,
     trial_command,
     trial_count,
+    with_overrides,
 )
 
 DRY_RUN_LIMIT = 100  # trials listed for a random or bayes sweep without a count
@@ -44,6 +45,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="aiayn-sweep", description="Run a W&B sweep file's trials here, without a W&B server."
     )
     parser.add_argument("sweep", type=Path, help="a W&B sweep file (sweeps/*.yaml)")
+    parser.add_argument(
+        "overrides", nargs="*", help="Hydra overrides added to every trial's command (they win over the file's)"
+    )
     parser.add_argument("--dir", type=Path, help="the sweep's folder (default: outputs/sweeps/<sweep name>)")
     parser.add_argument(
         "--count", type=int, help="trials in the sweep in all (default: the file's run_cap; a grid: all of it)"
@@ -57,12 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "(hardware=slurm's settings, through submitit); submitit-local: submitit's jobs as local processes",
     )
     parser.add_argument("--dry-run", action="store_true", help="list the trials and compose each; train nothing")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)
 
 
 def dry_run(args: argparse.Namespace) -> int:
     """Print each trial's command; 0 when every one composes, else 2 with Hydra's reason per trial."""
-    config = load_sweep(args.sweep)
+    config = with_overrides(load_sweep(args.sweep), args.overrides)
     ends = config["method"] == "grid" or args.count or config.get("run_cap")
     limit = trial_count(config, args.count, args.sweep) if ends else None
     failures = 0
@@ -95,7 +99,15 @@ def main(argv: list[str] | None = None) -> None:
         if args.dry_run:
             sys.exit(dry_run(args))
         try:
-            state = run_sweep(args.sweep, args.dir, args.count, args.parallel, report=show, launcher=args.launcher)
+            state = run_sweep(
+                args.sweep,
+                args.dir,
+                args.count,
+                args.parallel,
+                report=show,
+                launcher=args.launcher,
+                overrides=args.overrides,
+            )
         except SweepStopped as stopped:  # while trials ran: they were stopped and recorded
             print(f"aiayn-sweep: {stopped}", file=sys.stderr)
             sys.exit(128 + stopped.signum)

@@ -136,6 +136,25 @@ def load_sweep(path: Path) -> dict[str, Any]:
     return config
 
 
+def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """The sweep with Hydra ``overrides`` added to the end of every trial's command, where they win over
+    the file's own (``hardware=slurm hydra.launcher.partition=gpu`` for a cluster). They become part of
+    the sweep's config: a folder holds the trials of one command only."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    for override in overrides:
+        try:
+            (parsed,) = OverridesParser.create().parse_overrides([override])
+        except HydraException as error:
+            raise SweepError(f"{override!r} is not a Hydra override ({str(error).splitlines()[0]})") from None
+        if parsed.is_sweep_override():
+            raise SweepError(f"{override!r} is a Hydra sweep; a sweep's values belong in its file's parameters")
+        if parsed.key_or_group.lstrip("+~") in config["parameters"]:
+            raise SweepError(f"{override!r}: {parsed.key_or_group} is one of the sweep's parameters; edit its values")
+    return {**config, "command": [*config["command"], *overrides]} if overrides else config
+
+
 def check_metric(path: Path, config: dict[str, Any]) -> None:
     """``metric.name`` must be a key the trials log to their history: W&B's bayes search and
     hyperband read it there (a key only the run summary holds, like results.json's ``val_bleu``, leaves
@@ -335,15 +354,17 @@ def run_sweep(
     parallel: int = 1,
     report: Callable[[Trial], None] = lambda trial: None,
     launcher: str = LOCAL,
+    overrides: Sequence[str] = (),
 ) -> SweepState:
     """Run the sweep file ``source`` until it has ``count`` trials (see :func:`trial_count`), ``parallel``
-    at a time, where ``launcher`` says (:mod:`aiayn.experiments.launchers`); returns the sweep's state
-    (its folder, every trial). A trial that fails is recorded and the others go on."""
+    at a time, where ``launcher`` says (:mod:`aiayn.experiments.launchers`), each trial's command ending
+    with ``overrides`` (:func:`with_overrides`); returns the sweep's state (its folder, every trial). A
+    trial that fails is recorded and the others go on."""
     if parallel < 1:
         raise SweepError(f"--parallel {parallel}: run at least one trial at a time")
     if launcher not in LAUNCHERS:
         raise SweepError(f"--launcher {launcher}: use one of {', '.join(LAUNCHERS)}")
-    config = load_sweep(source)
+    config = with_overrides(load_sweep(source), overrides)
     folder = Path(folder or default_folder(config, source)).resolve()
     total = trial_count(config, count, source)
     folder.mkdir(parents=True, exist_ok=True)
