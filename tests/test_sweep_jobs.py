@@ -15,6 +15,7 @@ import pytest
 
 from aiayn.config.compose import compose_config
 from aiayn.experiments.launchers import SUBMITIT_FOLDER, executor_settings
+from aiayn.experiments.sweep import run_sweep
 from helpers.batch_recorder import recorded
 from test_sweep_safety import TESTS, run_runner, trials, wait_until
 
@@ -120,3 +121,43 @@ def test_submitted_trials_survive_their_runner_and_a_preemption(
     assert "SIGUSR2 received" in log
     untouched = json.loads((folder / ended[1]["run_dir"] / "results.json").read_text())
     assert untouched["resumed_from"] is None and untouched["steps"] == 12
+
+
+STOPPING_TRIAL = """\
+import os, sys
+from pathlib import Path
+folder = Path(os.environ["AIAYN_RUN_DIR"])
+folder.mkdir(parents=True, exist_ok=True)
+attempts = folder / "attempts"
+attempts.write_text(attempts.read_text() + "x" if attempts.exists() else "x")
+if len(attempts.read_text()) == 1:
+    sys.exit(143)  # as aiayn-train after saving last.ckpt at a SIGTERM that submitit did not requeue
+(folder / "csv").mkdir(exist_ok=True)
+(folder / "csv" / "metrics.csv").write_text("step,val/bleu\\n1,2.5\\n")
+(folder / "results.json").write_text("{}")
+"""
+
+
+def test_a_job_stopped_at_a_signal_is_submitted_again(tmp_path: Path) -> None:
+    script = tmp_path / "trial.py"
+    script.write_text(STOPPING_TRIAL)
+    sweep = tmp_path / "s.yaml"
+    command = ["${env}", "${interpreter}", "${program}", "hardware=slurm", "trainer.num_nodes=1", "trainer.devices=1"]
+    command += ["${args_no_hyphens}"]
+    sweep.write_text(
+        json.dumps(
+            {
+                "method": "grid",
+                "program": str(script),
+                "metric": {"name": "val/bleu", "goal": "maximize"},
+                "parameters": {"seed": {"values": [1]}},
+                "command": command,
+            }
+        )
+    )
+    state = run_sweep(sweep, tmp_path / "sweep", launcher="submitit-local")
+    (trial,) = state.trials
+    assert trial.state == "finished" and trial.metric == 2.5 and trial.launcher == "submitit-local"
+    assert (tmp_path / "sweep" / trial.run_dir / "attempts").read_text() == "xx"  # the same folder, twice
+    jobs = [p.name for p in (tmp_path / "sweep" / SUBMITIT_FOLDER).iterdir() if p.name.isdigit()]
+    assert len(jobs) == 2 and trial.job_id in jobs  # a second job, not the first one again

@@ -51,6 +51,9 @@ GENERIC_SETTINGS = (
 )
 NOT_EXECUTOR_SETTINGS = ("_target_", "submitit_folder", "name", "max_num_timeout", "array_parallelism")
 # sacct's states of a job that has not ended (submitit's watcher reads them); the local controller: RUNNING.
+NO_EXIT_STATUS = -1  # a job that ended without writing one: cancelled, killed, or it never started
+# A trial that saved last.ckpt at a signal and stopped (aiayn-train exits with 128 + the signal's number).
+STOPPED_STATUSES = tuple(128 + signum for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
 ACTIVE_STATES = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "UNKNOWN")
 
 
@@ -66,7 +69,7 @@ class TrialHandle(Protocol):
         """True: a stopping runner leaves it running, and a runner started again re-attaches to it."""
 
     def poll(self) -> int | None:
-        """The trial's exit status once it has ended (-1 when it left none), else None."""
+        """The trial's exit status once it has ended (:data:`NO_EXIT_STATUS` when it left none), else None."""
 
     def state(self) -> str:
         """What its scheduler says of it: RUNNING, PENDING, ..."""
@@ -199,7 +202,7 @@ class SubmittedTrial:
         if self.state() in ACTIVE_STATES:
             return None
         status = read_exit_file(self.exit_file)
-        return -1 if status is None else status
+        return NO_EXIT_STATUS if status is None else status
 
 
 def local_controller_alive(pid: str) -> bool:

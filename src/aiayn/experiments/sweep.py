@@ -49,7 +49,9 @@ from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
 from aiayn.experiments.launchers import (
     LAUNCHERS,
     LOCAL,
+    NO_EXIT_STATUS,
     SLURM,
+    STOPPED_STATUSES,
     SUBMITTED,
     SubmititLauncher,
     TrialHandle,
@@ -550,12 +552,30 @@ class TrialRunner:
                 del self.running[launched.trial.number]
                 self.pool.give_back(launched.trial.devices or [])
                 seconds = time.monotonic() - launched.started
-                finish_trial(launched.trial, returncode, seconds, self.state)
+                if launched.handle.detaches and returncode in (NO_EXIT_STATUS, *STOPPED_STATUSES):
+                    self.job_stopped(launched.trial, returncode)
+                else:
+                    finish_trial(launched.trial, returncode, seconds, self.state)
                 self.record(launched.trial)
         for trial in list(self.waiting.values()):
             if run_folder_holder(self.state.folder / (trial.run_dir or "")) is None:
                 del self.waiting[trial.number]
                 self.launch(trial)
+
+    def job_stopped(self, trial: Trial, returncode: int) -> None:
+        """A submitted trial whose job ended before the trial did. Stopped at a signal after saving its
+        last checkpoint (a preemption that submitit did not requeue), it is submitted again and continues
+        in its folder; a job that left no exit status (cancelled, killed) runs again when the sweep does."""
+        trial.state, trial.returncode = INTERRUPTED, returncode
+        if returncode == NO_EXIT_STATUS:
+            trial.error = (
+                f"job {trial.job_id} ended ({trial.job_state}) without an exit status; see logs/{trial.name}.log"
+            )
+            log.warning("%s: %s; it runs again when the sweep does", trial.name, trial.error)
+        else:
+            trial.error = f"stopped at a signal (exit code {returncode}) after saving its checkpoint; submitted again"
+            log.warning("%s: %s", trial.name, trial.error)
+            self.queue.append(trial)
 
     def job_state(self, launched: Launched) -> None:
         """Record what the scheduler says of a submitted trial's job, when it changed."""
