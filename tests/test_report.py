@@ -6,23 +6,38 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import matplotlib.axes
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
 from aiayn.config.compose import compose_run_config
+from aiayn.data.corpus import read_lines
 from aiayn.experiments.report import write_report
 from helpers.wandb_records import offline_runs
 
 
-def fake_run(folder: Path, overrides: list[str], bleu: float, ppl: float, params: int = 2_000_000) -> Path:
-    """A finished run's folder as aiayn-train leaves it: the resolved config and results.json."""
+def fake_run(
+    folder: Path,
+    overrides: list[str],
+    bleu: float,
+    ppl: float,
+    params: int = 2_000_000,
+    hypotheses: list[str] | None = None,
+    **results: Any,
+) -> Path:
+    """A finished run's folder as aiayn-train leaves it: the resolved config and results.json (more
+    ``results``, e.g. ``evaluated``; without, as an older aiayn-train wrote it) and, given
+    ``hypotheses``, its test.hyp.txt."""
     folder.mkdir(parents=True)
     OmegaConf.save(compose_run_config(overrides), folder / "config.yaml")
-    results = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
-    (folder / "results.json").write_text(json.dumps({**results, "wall_s": 420.0, "overrides": overrides}))
+    scores = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
+    (folder / "results.json").write_text(json.dumps({**scores, "wall_s": 420.0, "overrides": overrides, **results}))
     (folder / ".hydra").mkdir()
+    if hypotheses is not None:
+        (folder / "test.hyp.txt").write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
     return folder
 
 
@@ -117,3 +132,83 @@ def test_the_cli_reports_to_w_and_b_and_refuses_folders_without_runs(
     empty.mkdir()
     result = subprocess.run([sys.executable, "-m", "aiayn.cli.report", str(empty)], capture_output=True, text=True)
     assert result.returncode == 2 and "no finished run (a folder with results.json)" in result.stderr
+
+
+def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_validation_too(tmp_path: Path) -> None:
+    runs = {  # setting -> per seed: results.json's evaluated and best_val_bleu (None: an older run without them)
+        "sinusoidal": [None, None],
+        "learned": [("final", 23.0), ("final", 25.0)],
+        "none": [("final", 9.0), ("best", None)],
+    }
+    for encoding, seeds in runs.items():
+        for seed, recorded in enumerate(seeds, start=1):
+            extra = {} if recorded is None else {"evaluated": recorded[0], "best_val_bleu": recorded[1]}
+            overrides = ["model=tiny", f"model.positional={encoding}", f"seed={seed}"]  # no paper rows to match
+            fake_run(tmp_path / "sweep" / f"{encoding},{seed}", overrides, 20.0, 9.0, **extra)
+    markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "sweep")
+    rows = table_rows(markdown)
+    base, learned, none = (rows[f"model.positional={encoding}"] for encoding in runs)
+    assert (base["checkpoint"], learned["checkpoint"], none["checkpoint"]) == ("best", "final", "mixed")
+    assert [row["BLEU (val, best)"] for row in (base, learned, none)] == ["-", "24.00 ± 1.41", "9.00"]
+    assert "from the checkpoint named in the checkpoint column" in markdown
+    assert "BLEU (val, best): the best validation BLEU any validation of the run saw" in markdown
+    only_best = tmp_path / "best"
+    fake_run(only_best / "a", ["model=tiny", "seed=1"], 20.0, 9.0, evaluated="best", best_val_bleu=20.0)
+    markdown, _ = write_report([only_best], only_best)
+    assert "BLEU (val, best)" not in markdown and table_rows(markdown)["(as configured)"]["checkpoint"] == "best"
+
+
+def test_without_a_paired_test_the_p_value_is_a_dash_and_the_reason_is_given(tmp_path: Path, corpus_root: Path) -> None:
+    references = read_lines(corpus_root / "test_2016_flickr.de")
+    corpus = [f"data.root={corpus_root}", "data.eval_limit=16"]
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        fake_run(sweep / f"base,{seed}", ["model=tiny", *corpus, f"seed={seed}"], 20.0, 9.0, hypotheses=references[:16])
+    fake_run(sweep / "heads,1", ["model=tiny", *corpus, "model.n_heads=2", "seed=1"], 20.0, 9.0)  # no test.hyp.txt
+    fake_run(sweep / "heads,3", ["model=tiny", *corpus, "model.n_heads=1", "seed=3"], 20.0, 9.0, hypotheses=[])
+    gone = ["model=tiny", f"data.root={tmp_path / 'gone'}", "model.d_ff=64", "seed=1"]  # data.root: not in labels
+    fake_run(sweep / "gone,1", gone, 20.0, 9.0, hypotheses=references[:16])
+    fewer = ["model=tiny", f"data.root={corpus_root}", "data.eval_limit=8", "model.d_ff=32", "seed=2"]
+    fake_run(sweep / "fewer,2", fewer, 20.0, 9.0, hypotheses=references[:8])
+    shorter = ["model=tiny", *corpus, "model.d_ff=16", "seed=1"]
+    fake_run(sweep / "shorter,1", shorter, 20.0, 9.0, hypotheses=references[:15])
+    markdown, _ = write_report([sweep], sweep)
+    first, *others = table_rows(markdown).values()
+    assert first["setting"] == "data.eval_limit=16" and first["p (test)"] == ""  # the baseline
+    assert [row["p (test)"] for row in others] == ["-"] * 5
+    reasons = dict(
+        line.removeprefix("p (test) of ").split(": -, ", 1) for line in markdown.splitlines() if ": -, " in line
+    )
+    run = sweep.resolve()
+    assert reasons == {
+        "data.eval_limit=16 model.n_heads=2": f"{run / 'heads,1' / 'test.hyp.txt'} does not exist.",
+        "data.eval_limit=16 model.n_heads=1": "no seed in common with the first row.",
+        "model.d_ff=64": f"the test references of {run / 'gone,1'} cannot be read (data.root={tmp_path / 'gone'} is "
+        "not a folder; give the folder of the Multi30k files).",
+        "data.eval_limit=8 model.d_ff=32": f"seed 2: {run / 'base,2'} and {run / 'fewer,2'} were tested on different "
+        "references.",
+        "data.eval_limit=16 model.d_ff=16": f"{run / 'shorter,1' / 'test.hyp.txt'} has 15 lines for 16 test "
+        "references.",
+    }
+
+
+def test_every_plotted_point_has_its_error_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for encoding, bleus in {"sinusoidal": (20.0, 22.0), "learned": (21.0, 21.5), "none": (5.0,)}.items():
+        for seed, bleu in enumerate(bleus, start=1):
+            overrides = ["model=tiny", f"model.positional={encoding}", f"seed={seed}"]
+            fake_run(tmp_path / f"{encoding},{seed}", overrides, bleu, 9.0)
+    drawn = []  # x -> error bar, of every bar chart and line plot the report draws
+    for name in ("bar", "errorbar"):
+        original = getattr(matplotlib.axes.Axes, name)
+
+        def spy(self: matplotlib.axes.Axes, x: Any, y: Any, *args: Any, _draw: Any = original, **kwargs: Any) -> Any:
+            if kwargs.get("fmt") != "none":  # not the error bars bar() draws through errorbar()
+                drawn.append(dict(zip(x, kwargs.get("yerr"), strict=True)))
+            return _draw(self, x, y, *args, **kwargs)
+
+        monkeypatch.setattr(matplotlib.axes.Axes, name, spy)
+    _, plots = write_report([tmp_path], tmp_path)
+    assert [p.name for p in plots] == ["bleu_ppl_vs_positional.png"]
+    bleu, ppl = drawn  # every point has an error bar: the sample std over seeds, 0 for one seed
+    assert bleu == {"sinusoidal": pytest.approx(1.41421356), "learned": pytest.approx(0.35355339), "none": 0.0}
+    assert ppl == {"sinusoidal": 0.0, "learned": 0.0, "none": 0.0}  # the same perplexity for every seed

@@ -1,8 +1,10 @@
 """``aiayn-report <run folders or sweep folders>``: a Table-3-style markdown table and plots of finished runs.
 
 Writes ``report.md`` and ``bleu_ppl_vs_<axis>.png`` into the folder given (or ``--out``) and prints the
-table. With W&B online (logged in, or ``--wandb online``) it also logs the table and the plots to a W&B
-run of job type ``report``.
+table, with each setting's test BLEU tested against the first row's (sacreBLEU's paired bootstrap on the
+runs' ``test.hyp.txt``, paired by seed; the test references are read from each run's corpus). With W&B
+online (logged in, or ``--wandb online``) it also logs the table and the plots to a W&B run of job type
+``report``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from aiayn.training.loggers import WANDB_MODES, wandb_mode
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="aiayn-report", description="A Table-3-style markdown table and plots of finished runs."
+        prog="aiayn-report",
+        description="A Table-3-style markdown table and plots of finished runs, with paired bootstrap p-values "
+        "of each setting's test BLEU against the first row's.",
     )
     parser.add_argument("paths", type=Path, nargs="+", help="run folders, sweep folders, or folders holding them")
     parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first path)")

@@ -1,6 +1,8 @@
 """A Table-3-style report of finished runs: one row per setting (the runs that differ only in their seed),
-with the paper's numbers beside ours where the setting is one of its rows, and plots of BLEU and
-perplexity against what the settings vary (heads, d_k, positional encoding, model size)."""
+with the paper's numbers beside ours where the setting is one of its rows, whether each setting's test BLEU
+differs significantly from the first row's (sacreBLEU's paired bootstrap on the seeds' test translations),
+and plots of BLEU and perplexity against what the settings vary (heads, d_k, positional encoding, model
+size)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,20 @@ import json
 import logging
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from aiayn.config.build import instantiated_from_checkpoint
 from aiayn.config.naming import defining_overrides
+from aiayn.data.corpus import read_lines
+from aiayn.errors import DataError
 from aiayn.experiments.table3 import COLUMNS, FAMILIES, PAPER, columns_of, family_rows
 from aiayn.files import atomic_write
+from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed, paired_bootstrap
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,8 @@ AXIS_COLUMNS = {
     "size": ({"N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop"}, {"N", "d_model", "d_ff"}),
 }
 ROW_ORDER = {row: index for index, row in enumerate(PAPER)}
+SIGNIFICANT = "*"  # after a p-value below SIGNIFICANCE_LEVEL
+TEST_HYPOTHESES = "test.hyp.txt"  # a run's test translations, in corpus order (results.json's "evaluated")
 
 
 @dataclass
@@ -48,6 +56,13 @@ class Run:
     columns: dict[str, Any]
     family: str | None
     results: dict[str, Any]
+    data: dict[str, Any] = field(default_factory=dict)  # the config's data section: where the corpus is
+
+    @property
+    def evaluated(self) -> str:
+        """Which checkpoint val_*, test_* and test.hyp.txt come from: ``best`` or ``final`` (results.json's
+        ``evaluated``; runs from before it was recorded were scored on their best checkpoint)."""
+        return str(self.results.get("evaluated", "best"))
 
 
 @dataclass
@@ -76,6 +91,11 @@ class Setting:
         if len(values) == 1:
             return f"{values[0]:.2f}"
         return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+    def evaluated(self) -> str:
+        """The checkpoint the runs' numbers come from: ``best``, ``final``, or ``mixed`` when seeds differ."""
+        kinds = {run.evaluated for run in self.runs}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def find_runs(paths: Iterable[Path]) -> tuple[list[Run], list[Path]]:
@@ -111,6 +131,7 @@ def read_run(folder: Path) -> Run:
         columns=dict(zip([heading for heading, _ in COLUMNS], columns, strict=True)),
         family=family_of(folder, config),
         results=results,
+        data=config.get("data") or {},
     )
 
 
@@ -160,13 +181,120 @@ def ordered(settings: Sequence[Setting]) -> list[Setting]:
     return [base, *rows]
 
 
-def markdown_table(settings: Sequence[Setting]) -> str:
-    """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params, PPL and BLEU
-    (mean ± std over seeds), steps and wall time; the paper's PPL and BLEU where the setting is its row."""
+class Unpaired(Exception):
+    """Why a setting's test translations cannot be compared with the first row's (said under the table)."""
+
+
+class RunTexts:
+    """The runs' test hypotheses and references, each corpus read once."""
+
+    def __init__(self) -> None:
+        self._references: dict[str, list[str] | str] = {}  # by data section: the references, or why none
+
+    @staticmethod
+    def hypotheses(run: Run) -> list[str]:
+        path = run.folder / TEST_HYPOTHESES
+        if not path.is_file():
+            raise Unpaired(f"{path} does not exist")
+        try:
+            return read_lines(path)
+        except DataError as error:
+            raise Unpaired(str(error)) from None
+
+    def references(self, run: Run) -> list[str]:
+        key = json.dumps(run.data, sort_keys=True, default=str)
+        if key not in self._references:
+            try:
+                self._references[key] = tested_references(run)
+            # Any failure (no such folder, no network for a download, a config of another aiayn, a library
+            # missing) leaves the report without this p-value, never without the report.
+            except Exception as error:
+                message = " ".join(str(error).split()) or type(error).__name__
+                self._references[key] = f"the test references of {run.folder} cannot be read ({message})"
+        found = self._references[key]
+        if isinstance(found, str):
+            raise Unpaired(found)
+        return found
+
+
+def tested_references(run: Run) -> list[str]:
+    """The references ``run``'s ``test.hyp.txt`` was scored against: the test split of the corpus its
+    ``config.yaml``'s ``data`` section names, built only from aiayn's own classes (as aiayn-eval builds a
+    checkpoint's, and with aiayn-eval's default cache: where files go is the reader's to say, not a shared
+    config's), cut to the run's ``eval_limit`` as its training cut it."""
+    if "_target_" not in run.data:
+        raise Unpaired(f"{run.folder / 'config.yaml'} has no data section")
+    datamodule = instantiated_from_checkpoint({**run.data, "cache_dir": None}, "data", run.folder / "config.yaml")
+    references = datamodule.split_texts("test")[1]
+    return references[: datamodule.eval_limit] if datamodule.eval_limit else references
+
+
+def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | str:
+    """The p-value of sacreBLEU's paired bootstrap of ``setting``'s test BLEU against ``base``'s, or why
+    there is none. Runs are paired by seed (the seeds both settings have); each setting's test
+    hypotheses of those seeds are concatenated in seed order and scored against the test references,
+    repeated once per seed, so every seed's translations count and each sentence is paired with the
+    same seed's translation of it."""
+    firsts = {run.seed: run for run in base.runs if run.seed is not None}
+    pairs = sorted((run.seed, firsts[run.seed], run) for run in setting.runs if run.seed in firsts)
+    if not pairs:
+        return "no seed in common with the first row"
+    baseline: list[str] = []
+    system: list[str] = []
+    references: list[str] = []
+    try:
+        for seed, first, run in pairs:
+            hypotheses = [texts.hypotheses(first), texts.hypotheses(run)]
+            first_refs, refs = texts.references(first), texts.references(run)
+            if first_refs != refs:
+                raise Unpaired(f"seed {seed}: {first.folder} and {run.folder} were tested on different references")
+            for tested, lines in zip((first, run), hypotheses, strict=True):
+                if len(lines) != len(refs):
+                    raise Unpaired(
+                        f"{tested.folder / TEST_HYPOTHESES} has {len(lines)} lines for {len(refs)} test references"
+                    )
+            baseline += hypotheses[0]
+            system += hypotheses[1]
+            references += refs
+    except Unpaired as why:
+        return str(why)
+    return paired_bootstrap([(base.label, baseline), (setting.label, system)], references).systems[1].p_value
+
+
+def significance(settings: Sequence[Setting]) -> dict[str, float | str]:
+    """For each setting after the first (:func:`ordered`), by label: :func:`paired_p_value` against the first."""
+    base, *others = ordered(settings)
+    texts = RunTexts()
+    return {setting.label: paired_p_value(base, setting, texts) for setting in others}
+
+
+def p_cell(value: float | str | None) -> str:
+    """A ``p (test)`` cell: blank for the first row, ``-`` without a test, else the p-value (marked when
+    significant)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return "-"
+    return f"{value:.4f}{SIGNIFICANT if value < SIGNIFICANCE_LEVEL else ''}"
+
+
+def scored_on_final(settings: Sequence[Setting]) -> bool:
+    """Whether any run's numbers come from its final checkpoint (then the best validation BLEU is shown too)."""
+    return any(run.evaluated == "final" for setting in settings for run in setting.runs)
+
+
+def markdown_table(settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None) -> str:
+    """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params,
+    the checkpoint scored, PPL and BLEU (mean ± std over seeds; with the best validation BLEU when a run is
+    scored on its final checkpoint), the p-value of the test BLEU against the first row's
+    (:func:`significance`), steps and wall time; the paper's PPL and BLEU where the setting is its row."""
     base, *_ = settings = ordered(settings)
+    p_values = p_values or {}
+    best = scored_on_final(settings)
     headings = [
-        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "PPL (val)", "BLEU (val)",
-        "BLEU (test)", "minutes", "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
+        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "PPL (val)",
+        "BLEU (val)", *(["BLEU (val, best)"] if best else []), "BLEU (test)", "p (test)", "minutes", "paper row",
+        "paper PPL", "paper BLEU", "paper params ×10⁶",
     ]  # fmt: skip
     lines = ["| " + " | ".join(headings) + " |", "|" + "---|" * len(headings)]
     for setting in settings:
@@ -184,9 +312,12 @@ def markdown_table(settings: Sequence[Setting]) -> str:
             f"{params / 1e6:.1f}" if params is not None else "-",
             str(len(setting.runs)),
             f"{steps:.0f}" if steps is not None else "-",
+            setting.evaluated(),
             setting.spread("val_ppl"),
             setting.spread("val_bleu"),
+            *([setting.spread("best_val_bleu")] if best else []),
             setting.spread("test_bleu"),
+            p_cell(None if setting is base else p_values.get(setting.label, "not tested")),
             f"{wall / 60:.1f}" if wall is not None else "-",
             setting.paper_row or "",
             f"{paper.ppl:.2f}" if paper else "",
@@ -229,11 +360,7 @@ def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
         categorical = column == "positional"
         points = on_axis if categorical else sorted(on_axis, key=lambda s: axis_value(s, column))
         for panel, key, heading in ((panels[0], "val_bleu", "BLEU (val)"), (panels[1], "val_ppl", "perplexity (val)")):
-            xs = [str(s.columns[column]) if categorical else axis_value(s, column) for s in points]
-            means = [s.mean(key) for s in points]
-            errors = [statistics.stdev(s.values(key)) if len(s.values(key)) > 1 else 0.0 for s in points]
-            present = [i for i, m in enumerate(means) if m is not None]
-            xs, means, errors = [xs[i] for i in present], [means[i] for i in present], [errors[i] for i in present]
+            xs, means, errors = panel_series(points, key, column, categorical)
             if categorical:
                 panel.bar(xs, means, yerr=errors, capsize=4, color="#4c72b0")
             else:
@@ -252,6 +379,18 @@ def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
         plt.close(figure)
         written.append(path)
     return written
+
+
+def panel_series(
+    points: Sequence[Setting], key: str, column: str, categorical: bool
+) -> tuple[list[Any], list[float], list[float]]:
+    """A panel's points: x, the mean of ``key`` over seeds and its error bar, the sample standard
+    deviation (0 for one seed), for every setting with a value; every point gets its error bar."""
+    present = [s for s in points if s.values(key)]
+    xs = [str(s.columns[column]) if categorical else axis_value(s, column) for s in present]
+    means = [statistics.fmean(s.values(key)) for s in present]
+    errors = [statistics.stdev(s.values(key)) if len(s.values(key)) > 1 else 0.0 for s in present]
+    return xs, means, errors
 
 
 def axis_value(setting: Setting, column: str) -> float:
@@ -283,15 +422,34 @@ def write_report(paths: Sequence[Path], output: Path) -> tuple[str, list[Path]]:
     settings = group_settings(runs)
     output.mkdir(parents=True, exist_ok=True)
     plots = plot(settings, output)
+    p_values = significance(settings)
+    seed = bootstrap_seed()
+    best = (
+        " BLEU (val, best): the best validation BLEU any validation of the run saw."
+        if scored_on_final(settings)
+        else ""
+    )
     text = [
         f"# Report: {', '.join(str(p) for p in paths)}",
         "",
         f"{len(runs)} finished run(s) in {len(settings)} setting(s). PPL and BLEU on the validation split "
-        "(Table 3 uses newstest2013) from the best checkpoint, beam search, no averaging; mean ± sample std "
-        "over seeds. Blank: as the first row. Paper: Vaswani et al. (2017) Table 3 (WMT14 En-De, tokenized BLEU).",
+        "(Table 3 uses newstest2013) and BLEU on the test split, from the checkpoint named in the checkpoint column "
+        "(best: the best by validation; final: the last of training; mixed: it differs between seeds), beam "
+        f"search, no averaging; mean ± sample std over seeds.{best} Blank: as the first row. Paper: Vaswani et al. "
+        "(2017) Table 3 (WMT14 En-De, tokenized BLEU).",
         "",
-        markdown_table(settings),
+        f"p (test): sacreBLEU's paired bootstrap resampling ({BOOTSTRAP_SAMPLES} resamples, seed "
+        f"{seed if seed is not None else 'unfixed'}) of the setting's test BLEU against the first row's. Runs are "
+        f"paired by seed (the seeds both settings have): each setting's {TEST_HYPOTHESES} of those seeds are "
+        "concatenated in seed order and scored against the test references repeated as many times. "
+        f"{SIGNIFICANT}: p < {SIGNIFICANCE_LEVEL}, a difference chance alone rarely makes; p ≥ {SIGNIFICANCE_LEVEL} "
+        "means not significant: the difference may be chance. -: no test, for the reason below the table.",
+        "",
+        markdown_table(settings, p_values),
     ]
+    unpaired = {label: why for label, why in p_values.items() if isinstance(why, str)}
+    if unpaired:
+        text += ["", *(f"p (test) of {label}: -, {why}." for label, why in unpaired.items())]
     failed = failed_trials(paths, {run.folder for run in runs})
     others = [folder for folder in unfinished if folder not in failed]
     if failed or others:
