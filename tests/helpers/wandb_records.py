@@ -39,6 +39,11 @@ class OfflineRun:
     def rows_with(self, key: str) -> list[dict[str, Any]]:
         return [row for row in self.history if key in row]
 
+    @property
+    def steps(self) -> list[int]:
+        """W&B's step (``_step``) of each history row, in the order they were logged."""
+        return [row["_step"] for row in self.history]
+
     def media(self, kind: str) -> list[Path]:
         """Files under ``files/media/<kind>`` (``table`` or ``images``)."""
         return sorted(p for p in (self.folder / "files" / "media" / kind).rglob("*") if p.is_file())

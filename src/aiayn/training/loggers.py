@@ -1,7 +1,10 @@
 """The run's loggers: CSV always, plus the dashboard the ``logger`` config group picks (W&B by default).
 
 W&B runs online when the user is logged in and offline into the run folder otherwise, so a run without
-an account or a network records everything too; ``wandb sync`` uploads it later.
+an account or a network records everything too; ``wandb sync`` uploads it later. Every part of a run
+folder (the first, a resumed or requeued one, a sweep's trial run again) logs to one W&B run, whose id
+the folder keeps in ``wandb/run_id`` (:data:`RUN_ID_FILE`), at W&B steps that are the trainer's global
+steps: the parts' histories continue one another, online and after ``wandb sync`` of offline parts.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import logging
 import math
 import netrc
 import os
+import re
+import secrets
+import string
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,7 +31,7 @@ from pytorch_lightning.loggers.csv_logs import ExperimentWriter
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, DataError
 from aiayn.files import atomic_write
 from aiayn.machine import device_name, matmul_precision
 from aiayn.model import count_parameters
@@ -35,6 +41,11 @@ log = logging.getLogger(__name__)
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 METRICS_CSV = Path("csv") / "metrics.csv"  # in a run folder: what build_loggers' CSV logger writes
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
+RUN_ID_FILE = Path("wandb") / "run_id"  # in a run folder: the id of the W&B run all its parts log to
+# What aiayn takes for a W&B run id: W&B's own ids are 8 of [a-z0-9]; no path or URL characters.
+RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+RUN_ID_RULE = "1 to 64 letters, digits, '-' or '_'"
+_RUN_ID_FIX = "write the id of the folder's W&B run into the file, or delete it to log to a new W&B run"
 
 
 def wandb_credentials() -> str | None:
@@ -75,6 +86,52 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     if found:
         return "online", f"credentials from {found}"
     return "offline", "not logged in to W&B: no WANDB_API_KEY, no `wandb login`"
+
+
+def stored_run_id(run_dir: Path) -> str | None:
+    """The W&B run id ``run_dir`` keeps in :data:`RUN_ID_FILE`, or None when it keeps none. The file
+    is read as untrusted input (a folder copied from elsewhere, an edit by hand): anything but one id of
+    :data:`RUN_ID` is refused, never passed to W&B, which would put it into paths and URLs."""
+    path = run_dir / RUN_ID_FILE
+    try:
+        with open(path, "rb") as file:
+            content = file.read(128)  # an id is 64 bytes at most: a large file is not read whole
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise DataError(f"{path}: cannot read this folder's W&B run id ({error.strerror}); {_RUN_ID_FIX}") from None
+    text = content.decode("ascii", errors="replace").strip()
+    if not RUN_ID.fullmatch(text):
+        shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+        raise DataError(f"{path}: {shown} is not a W&B run id ({RUN_ID_RULE}); {_RUN_ID_FIX}")
+    return text
+
+
+def folder_run_id(run_dir: Path) -> str:
+    """The W&B run id of the run in ``run_dir``: the one it keeps (:func:`stored_run_id`); for a new
+    folder, the trial's under ``wandb agent`` (which sets ``WANDB_SWEEP_ID`` and ``WANDB_RUN_ID``; W&B
+    ignores any other id in a sweep, and the trial's folder is named after it), else a new one. Any
+    other ``WANDB_RUN_ID`` in the environment (a surrounding W&B run's, a shell's export) is not taken:
+    every new folder, each job of a multirun, would continue one W&B run."""
+    stored = stored_run_id(run_dir)
+    if stored is not None:
+        return stored
+    agents = os.environ.get("WANDB_RUN_ID", "") if in_wandb_sweep() else ""
+    if agents and not RUN_ID.fullmatch(agents):
+        raise ConfigError("WANDB_RUN_ID", agents, f"is not a W&B run id ({RUN_ID_RULE})")
+    # As W&B makes its own: 8 random base-36 digits, drawn apart from the seeded generators.
+    return agents or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def unsynced_parts(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The offline parts of W&B run ``run_id`` under ``wandb_dir`` that ``wandb sync`` has not uploaded
+    (it marks an uploaded ``run-<id>.wandb`` with ``run-<id>.wandb.synced``)."""
+    return sorted(part for part in wandb_dir.glob(f"offline-run-*-{run_id}") if not any(part.glob("*.wandb.synced")))
+
+
+def in_wandb_sweep() -> bool:
+    """Whether this process is a trial of ``wandb agent``, where W&B takes the run id from the agent."""
+    return bool(os.environ.get("WANDB_SWEEP_ID"))
 
 
 class ContinuedMetricsWriter(ExperimentWriter):
@@ -130,7 +187,13 @@ class RunCSVLogger(CSVLogger):
 class WandbRunLogger(WandbLogger):
     """Lightning's W&B logger that picks its mode (:func:`wandb_mode`), falls back to offline when an
     online run cannot start (no network, a rejected key) and to no W&B at all when no run can start,
-    and finishes its run explicitly (:meth:`finish`)."""
+    and finishes its run explicitly (:meth:`finish`).
+
+    All parts of the run in ``save_dir`` log to one W&B run: its id (:func:`folder_run_id`) is written
+    to ``save_dir``'s :data:`RUN_ID_FILE` before the first part starts it, and every part passes it with
+    ``resume="allow"`` (an offline part records that it resumes, so ``wandb sync`` appends it). Metrics
+    are logged at W&B step = the trainer's global step (:meth:`log_metrics`), so that the parts' steps
+    continue one another instead of each starting at 0."""
 
     def __init__(
         self,
@@ -146,10 +209,13 @@ class WandbRunLogger(WandbLogger):
     ) -> None:
         import wandb
 
-        # Ranks other than 0 never start a run (Lightning hands them a dummy), nor W&B's service.
+        # Ranks other than 0 never start a run (Lightning hands them a dummy), nor W&B's service, nor
+        # read or write the run id.
         resolved, reason = wandb_mode(mode) if rank_zero_only.rank == 0 else ("disabled", "not rank 0")
+        self.run_id = folder_run_id(Path(save_dir)) if resolved != "disabled" else None
+        self.run_id_file = Path(save_dir) / RUN_ID_FILE
         if rank_zero_only.rank == 0:
-            log.info("W&B logs %s (%s)", resolved, reason)
+            log.info("W&B logs %s (%s)%s", resolved, reason, f" to run {self.run_id}" if self.run_id else "")
         super().__init__(
             name=name,
             save_dir=save_dir,
@@ -161,10 +227,13 @@ class WandbRunLogger(WandbLogger):
             mode=resolved,
             log_model=False,
             settings=wandb.Settings(init_timeout=init_timeout),
+            # Lightning adds resume="allow". In a sweep W&B uses the agent's id, and warns about any other.
+            id=None if in_wandb_sweep() else self.run_id,
         )
         # Lightning passes anonymous=None, which W&B answers with a warning a user cannot act on.
         if self._wandb_init.get("anonymous") is None:
             self._wandb_init.pop("anonymous", None)
+        self._said_replayed = False  # whether log_metrics said that it skips steps the W&B run holds
 
     @property
     def mode(self) -> str:
@@ -173,18 +242,63 @@ class WandbRunLogger(WandbLogger):
     @property
     @rank_zero_experiment
     def experiment(self) -> Any:
+        if self._experiment is None and self.mode != "disabled":
+            self._start()
+        return super().experiment
+
+    def _start(self) -> None:
+        """Starts the W&B run, as offline when it cannot start online, with no W&B when it cannot start
+        at all. The folder's run id is written before: a part killed while W&B starts keeps it."""
         import wandb
 
+        if not self.run_id_file.is_file():
+            atomic_write(self.run_id_file, f"{self.run_id}\n")
+        if self.mode == "online" and (waiting := unsynced_parts(self.run_id_file.parent, self.run_id)):
+            log.warning(
+                "%d offline parts of W&B run %s are not uploaded yet: upload them before this part logs online "
+                "(wandb sync %s), or W&B puts them after it", len(waiting), self.run_id, self.run_id_file.parent,
+            )  # fmt: skip
         while self._experiment is None and self.mode != "disabled":
             try:
-                return super().experiment
+                run = super().experiment
             except Exception as error:  # whatever W&B raises, the metrics must not die with the dashboard
                 fallback = "offline" if self.mode == "online" else "disabled"
                 log.warning("W&B could not start an %s run (%s); logging %s instead", self.mode, error, fallback)
-                self._wandb_init["mode"] = fallback
+                self._wandb_init["mode"] = fallback  # with the same id: offline parts sync into the run
                 if wandb.run is not None:
                     wandb.run.finish(exit_code=1)
-        return super().experiment
+                shut_down_wandb()  # its service keeps the failed run's id in use; a new one lets the fallback take it
+                continue
+            if run.id != self.run_id:
+                log.warning(
+                    "W&B logs this part to run %s (a sweep agent's), not to %s of %s", run.id, self.run_id,
+                    self.run_id_file,
+                )  # fmt: skip
+
+    @rank_zero_only
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Logs ``metrics`` at W&B step ``step``, the trainer's global step (also ``trainer/global_step``,
+        the charts' x-axis), not at W&B's own count of ``log`` calls, which starts at 0 in every part:
+        two offline parts of one run would repeat their steps. The metrics of one step (training,
+        validation, its media; the evaluations after training at the final step) make one history row,
+        which holds one value per key: the test of the averaged checkpoint replaces the best one's there
+        (the summary has both, from ``results.json``).
+
+        An online part that continues a W&B run already holding steps from ``step`` on (an earlier
+        part logged past its last checkpoint, or evaluated before it was killed) does not log them
+        again: W&B keeps the first values (``metrics.csv`` has the new ones) and would refuse each with
+        a warning."""
+        if step is None:
+            super().log_metrics(metrics)
+            return
+        run = self.experiment
+        if step < run.starting_step:
+            if not self._said_replayed:
+                log.info("W&B run %s holds steps before %d already; it gets this part's from there", run.id,
+                         run.starting_step)  # fmt: skip
+                self._said_replayed = True
+            return
+        run.log({**metrics, "trainer/global_step": step}, step=step)
 
     def finish(self, failed: bool, summary: dict[str, Any] | None = None) -> None:
         """Adds ``summary`` to the run's summary, ends the run (exit code 1 when ``failed``) and says
@@ -192,24 +306,33 @@ class WandbRunLogger(WandbLogger):
         run = self._experiment
         if run is None:
             return
-        import wandb
-
         self._experiment = None
         try:
             if summary:
                 run.summary.update(summary)
         finally:
             run.finish(exit_code=1 if failed else 0)
-            try:
-                # finish() can return before W&B's service has flushed the run's files; shutting the
-                # service down waits for it, so a job killed right after (a SLURM time limit) loses nothing.
-                wandb.teardown()
-            except SystemExit as error:  # teardown exits the process when the service failed; the run goes on
-                log.warning("W&B's service ended with status %s", error.code)
+            # finish() can return before W&B's service has flushed the run's files; shutting the service
+            # down waits for it, so a job killed right after (a SLURM time limit) loses nothing.
+            shut_down_wandb()
         if self.mode == "offline":
-            log.info("W&B run saved offline; upload it with: wandb sync %s", run.settings.sync_dir)
+            parts = Path(run.settings.sync_dir).parent
+            if len(list(parts.glob(f"offline-run-*-{run.id}"))) > 1:  # one wandb sync uploads them in order
+                log.info("W&B run saved offline; upload it with its earlier parts: wandb sync %s", parts)
+            else:
+                log.info("W&B run saved offline; upload it with: wandb sync %s", run.settings.sync_dir)
         elif self.mode == "online":
             log.info("W&B run: %s", run.url)
+
+
+def shut_down_wandb() -> None:
+    """Ends W&B's service (a later run starts a new one) once it has written what it was given."""
+    import wandb
+
+    try:
+        wandb.teardown()
+    except SystemExit as error:  # teardown exits the process when the service failed; the run goes on
+        log.warning("W&B's service ended with status %s", error.code)
 
 
 class TensorBoardRunLogger(TensorBoardLogger):
