@@ -161,3 +161,39 @@ def test_a_job_stopped_at_a_signal_is_submitted_again(tmp_path: Path) -> None:
     assert (tmp_path / "sweep" / trial.run_dir / "attempts").read_text() == "xx"  # the same folder, twice
     jobs = [p.name for p in (tmp_path / "sweep" / SUBMITIT_FOLDER).iterdir() if p.name.isdigit()]
     assert len(jobs) == 2 and trial.job_id in jobs  # a second job, not the first one again
+
+
+def test_a_sweep_that_cannot_submit_stops_in_one_line(tmp_path: Path) -> None:
+    script = tmp_path / "trial.py"
+    script.write_text(STOPPING_TRIAL)
+    sweep = tmp_path / "s.yaml"
+    command = ["${env}", "${interpreter}", "${program}", "hardware=slurm", "${args_no_hyphens}"]
+    sweep.write_text(json.dumps({"method": "grid", "program": str(script), "parameters": {"seed": {"values": [1, 2]}},
+                                 "command": command}))  # fmt: skip
+    env = {**os.environ, "PATH": str(tmp_path)}  # no sbatch, no srun: as on a machine without SLURM
+    result = subprocess.run(
+        [sys.executable, "-m", "aiayn.cli.sweep", str(sweep), "--launcher", "slurm"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    (line,) = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("aiayn-sweep: error: trial-0001 could not be submitted to slurm: ") and "srun" in line
+    assert "Traceback" not in result.stderr
+    (trial,) = trials(tmp_path / "outputs" / "sweeps" / "s")  # the second was never proposed
+    assert trial["state"] == "failed" and trial["error"].startswith("not submitted: ")
+
+
+def test_a_sweep_state_naming_a_folder_outside_the_sweep_is_refused(tmp_path: Path) -> None:
+    from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState
+
+    for record, message in (
+        ({"run_dir": "../other-run"}, "run_dir '../other-run' is not a folder inside the sweep's"),
+        ({"run_dir": "/etc"}, "run_dir '/etc' is not a folder inside the sweep's"),
+        ({"job_id": "12; rm -rf /"}, "is not a job id"),
+        ({"devices": "0,1"}, "are not device names"),
+    ):
+        (tmp_path / STATE_FILE).write_text(
+            json.dumps({"config": {}, "trials": [{"number": 1, "params": {}, **record}]})
+        )
+        with pytest.raises(SweepError, match=message):
+            SweepState.open(tmp_path, {}, tmp_path / "s.yaml")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from aiayn.experiments.placement import DEVICES_ENV, PlacementError, devices_needed
+from aiayn.experiments.placement import DEVICES_ENV, DevicePool, PlacementError, devices_needed
 from aiayn.experiments.sweep import run_sweep
 
 TRIAL = """\
@@ -99,8 +99,6 @@ def test_a_trial_that_cannot_fit_fails_and_cpu_trials_get_no_gpu(
     [
         ({"accelerator": "gpu", "devices": 2}, 4, 2),
         ({"accelerator": "cuda", "devices": "3"}, 4, 3),
-        ({"accelerator": "gpu", "devices": [0, 2]}, 4, 2),
-        ({"accelerator": "gpu", "devices": "0,1,3"}, 4, 3),
         ({"accelerator": "gpu", "devices": -1}, 4, 4),
         ({"accelerator": "auto", "devices": "auto"}, 2, 2),
         ({"accelerator": "auto", "devices": 1}, 0, 0),
@@ -111,6 +109,17 @@ def test_devices_a_trial_needs(trainer: dict, available: int, needed: int) -> No
     assert devices_needed(OmegaConf.create(trainer), available) == needed
 
 
-def test_a_multi_node_trial_needs_slurm() -> None:
+def test_a_multi_node_trial_needs_slurm_and_device_indices_are_refused() -> None:
     with pytest.raises(PlacementError, match="send the sweep to SLURM"):
         devices_needed(OmegaConf.create({"accelerator": "gpu", "devices": 8, "num_nodes": 2}), 8)
+    for devices in ([0, 2], "0,1,3", "1,"):
+        with pytest.raises(PlacementError, match="names devices, and the sweep places its trials itself"):
+            devices_needed(OmegaConf.create({"accelerator": "gpu", "devices": devices}), 4)
+
+
+def test_a_trial_outliving_its_runner_keeps_its_devices() -> None:
+    pool = DevicePool(["0", "1", "2", "3"])
+    assert pool.hold(["2", "3", "7"]) == ["2", "3"]  # 7 is not this runner's (sweep.json may say anything)
+    assert pool.take(2) == ["0", "1"] and pool.take(1) is None
+    pool.give_back(["2", "3", "7"])
+    assert pool.free == ["2", "3"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -50,11 +51,17 @@ GENERIC_SETTINGS = (
     "stderr_to_stdout",
 )
 NOT_EXECUTOR_SETTINGS = ("_target_", "submitit_folder", "name", "max_num_timeout", "array_parallelism")
-# sacct's states of a job that has not ended (submitit's watcher reads them); the local controller: RUNNING.
 NO_EXIT_STATUS = -1  # a job that ended without writing one: cancelled, killed, or it never started
 # A trial that saved last.ckpt at a signal and stopped (aiayn-train exits with 128 + the signal's number).
 STOPPED_STATUSES = tuple(128 + signum for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
-ACTIVE_STATES = ("RUNNING", "PENDING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING", "UNKNOWN")
+# SLURM's states of a job that has not ended or is about to run again (submitit's watcher reads them from
+# sacct; PREEMPTED, as submitit counts it, since a preempted job is usually requeued); the local
+# controller's: RUNNING. UNKNOWN: sacct does not know the job yet, right after its submission.
+ACTIVE_STATES = (
+    "RUNNING", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
+    "RESIZING", "PREEMPTED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "UNKNOWN",
+)  # fmt: skip
+JOB_ID = re.compile(r"\d+(_\d+)?")  # a SLURM job id (array jobs: <id>_<index>), or a local controller's pid
 
 
 class TrialHandle(Protocol):
@@ -125,6 +132,8 @@ class TrialJob:
     _ended: threading.Event | None = field(default=None, repr=False, compare=False)
 
     def __call__(self) -> int:
+        if job_rank() == 0:  # a requeued job runs again: an earlier attempt's status is not this one's
+            Path(self.exit_file).unlink(missing_ok=True)
         with open(self.log_file, "ab") as output:
             process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT, env=self.environment())
         self._process, self._ended = process, threading.Event()
@@ -141,17 +150,17 @@ class TrialJob:
         env = {key: value for key, value in os.environ.items() if key not in self.unset}
         return {**env, **self.env}
 
-    def checkpoint(self) -> Any:
+    def checkpoint(self) -> Any | None:
         """submitit's hook at a preemption or time-limit notice (rank 0 only): the trial saves its last
         checkpoint and exits (SIGUSR2, see :mod:`aiayn.training.callbacks.preemption`), then the job is
         requeued with the same command."""
         from submitit.helpers import DelayedSubmission
 
-        if self._process is not None and self._process.poll() is None:
-            with suppress(ProcessLookupError):
-                self._process.send_signal(signal.SIGUSR2)
-            if self._ended is not None:
-                self._ended.wait()
+        if self._process is None or self._ended is None or self._ended.is_set():
+            return None  # the trial has ended (or not begun): nothing to continue, no requeue
+        with suppress(ProcessLookupError):
+            self._process.send_signal(signal.SIGUSR2)
+        self._ended.wait()
         return DelayedSubmission(TrialJob(self.command, self.env, self.unset, self.log_file, self.exit_file))
 
     def __getstate__(self) -> dict[str, Any]:
@@ -205,6 +214,14 @@ class SubmittedTrial:
         return NO_EXIT_STATUS if status is None else status
 
 
+def refresh_slurm_states() -> None:
+    """Ask SLURM (one ``sacct`` for every job watched) now: submitit's watcher would otherwise answer
+    from what it read up to 10 minutes ago once no job was submitted for a while."""
+    import submitit
+
+    submitit.SlurmJob.watcher.update()
+
+
 def local_controller_alive(pid: str) -> bool:
     """Whether submitit's local controller of job ``pid`` still runs (a runner started again is not its
     parent): a process of that id running ``submitit.local._local``."""
@@ -249,6 +266,8 @@ class SubmititLauncher:
             )
         init, parameters = executor_settings(launcher)
         cluster = "local" if self.kind == SUBMITIT_LOCAL else SLURM
+        if cluster == "local":  # one task: on one machine Lightning starts a trial's DDP processes itself
+            parameters["tasks_per_node"] = 1
         executor = submitit.AutoExecutor(folder=self.folder, cluster=cluster, **init)
         executor.update_parameters(name=name, **parameters)
         Path(job.exit_file).unlink(missing_ok=True)  # an earlier attempt's
@@ -256,8 +275,11 @@ class SubmititLauncher:
         return SubmittedTrial(self.kind, submitted, Path(job.exit_file))
 
     def attach(self, job_id: str, exit_file: Path) -> SubmittedTrial:
-        """The job ``job_id`` a runner before this one submitted."""
+        """The job ``job_id`` a runner before this one submitted (as ``sweep.json`` says: checked)."""
         import submitit
+
+        if not JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job_id {job_id!r} is not a job id; sweep.json was changed by hand?")
         from submitit.local.local import LocalJob
 
         job = LocalJob(self.folder, job_id) if self.kind == SUBMITIT_LOCAL else submitit.SlurmJob(self.folder, job_id)

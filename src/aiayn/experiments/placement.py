@@ -46,14 +46,14 @@ def devices_needed(trainer: Any, available: int) -> int:
     devices = trainer.get("devices", "auto")
     if devices in ("auto", -1, "-1"):
         return available
-    if isinstance(devices, str):
-        devices = devices.strip()
-        if devices.isdigit():
-            return int(devices)
-        return len([index for index in devices.split(",") if index.strip()])
-    if isinstance(devices, int):
+    if isinstance(devices, str) and devices.strip().isdigit():
+        return int(devices)
+    if isinstance(devices, int) and not isinstance(devices, bool):
         return devices
-    return len(devices)  # a list of indices: as many devices (renumbered from 0 inside the trial)
+    raise PlacementError(
+        f"trainer.devices={devices} names devices, and the sweep places its trials itself: give how many "
+        "(trainer.devices=2)"
+    )
 
 
 class DevicePool:
@@ -75,5 +75,12 @@ class DevicePool:
         taken, self.free = self.free[:n], self.free[n:]
         return taken
 
+    def hold(self, devices: Sequence[str]) -> list[str]:
+        """Take ``devices`` (a trial's recorded ones, which a process started before still uses) where they
+        are this pool's and free; returns those taken (``sweep.json`` may name others)."""
+        held = [device for device in devices if device in self.free]
+        self.free = [device for device in self.free if device not in held]
+        return held
+
     def give_back(self, devices: Sequence[str]) -> None:
-        self.free = sorted({*self.free, *devices}, key=self.devices.index)
+        self.free = sorted({*self.free, *(d for d in devices if d in self.devices)}, key=self.devices.index)

@@ -47,16 +47,19 @@ import yaml
 
 from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
 from aiayn.experiments.launchers import (
+    JOB_ID,
     LAUNCHERS,
     LOCAL,
     NO_EXIT_STATUS,
     SLURM,
     STOPPED_STATUSES,
+    SUBMITIT_FOLDER,
     SUBMITTED,
     SubmititLauncher,
     TrialHandle,
     TrialJob,
     TrialProcess,
+    refresh_slurm_states,
     start_process,
 )
 from aiayn.experiments.placement import DevicePool, PlacementError, devices_needed, runner_devices
@@ -314,6 +317,8 @@ class SweepState:
                 f"{folder} holds a sweep of another config than {source}; pass --dir <another folder> "
                 "or move the old one away"
             )
+        for trial in trials:
+            check_trial_record(path, trial)
         for trial in trials:  # a runner that was killed left them running (they may still be)
             if trial.state == RUNNING and not trial.submitted:  # submitted jobs are re-attached to
                 trial.state, trial.error = INTERRUPTED, "its runner ended while it ran"
@@ -326,6 +331,24 @@ class SweepState:
     def save(self) -> None:
         state = {"config": self.config, "trials": [asdict(t) for t in self.trials]}
         atomic_write(self.folder / STATE_FILE, json.dumps(state, indent=2))  # a killed runner leaves it whole
+
+
+def check_trial_record(path: Path, trial: Trial) -> None:
+    """A trial as ``sweep.json`` records it is untrusted: its run folder must lie inside the sweep's folder
+    (a runner would write there and hand it to the trial), its job id be a job id, its devices names."""
+    run_dir = trial.run_dir
+    if run_dir is not None and (
+        not isinstance(run_dir, str) or Path(run_dir).is_absolute() or ".." in Path(run_dir).parts or not run_dir
+    ):
+        raise SweepError(f"{path}: trial {trial.number}'s run_dir {run_dir!r} is not a folder inside the sweep's")
+    if trial.job_id is not None and not (isinstance(trial.job_id, str) and JOB_ID.fullmatch(trial.job_id)):
+        raise SweepError(f"{path}: trial {trial.number}'s job_id {trial.job_id!r} is not a job id")
+    if trial.devices is not None and not (
+        isinstance(trial.devices, list) and all(isinstance(d, str) for d in trial.devices)
+    ):
+        raise SweepError(f"{path}: trial {trial.number}'s devices {trial.devices!r} are not device names")
+    if not isinstance(trial.number, int) or isinstance(trial.number, bool):
+        raise SweepError(f"{path}: a trial's number {trial.number!r} is not a whole number")
 
 
 def default_folder(config: dict[str, Any], source: Path) -> Path:
@@ -456,6 +479,7 @@ class TrialRunner:
         self.launcher = launcher
         self.running: dict[int, Launched] = {}
         self.waiting: dict[int, Trial] = {}  # their run folders are held by processes this runner did not start
+        self.configs: dict[int, Any] = {}  # composed trial configs, by trial number
         # The scheduler places submitted jobs; here, the runner places its own processes.
         self.pool = DevicePool(runner_devices() if launcher == LOCAL else [])
         if self.pool.devices:
@@ -492,6 +516,8 @@ class TrialRunner:
             trial.state, trial.error = INTERRUPTED, f"waiting for {holder}, which holds its run folder"
             log.warning("%s: not started: its run folder %s is in use by %s; waiting", trial.name, folder, holder)
             self.waiting[trial.number] = trial
+            # The process its runner started still runs on the devices it was given: none is given twice.
+            trial.devices = self.pool.hold(trial.devices or []) if self.pool.devices else trial.devices
             self.state.save()
             return True
         if trial.state == INTERRUPTED and self.state.results(trial).is_file():  # it ended while no runner watched
@@ -502,7 +528,7 @@ class TrialRunner:
             return True
         trial.command = trial_command(self.state.config, trial.params)
         try:
-            config = compose_trial(trial.command) if self.pool.devices or self.launcher != LOCAL else None
+            config = self.trial_config(trial)
             devices = self.place(trial, config)
         except (PlacementError, ValueError) as error:  # never placeable, or no config: recorded as failed
             trial.state, trial.error = FAILED, f"not started: {str(error).splitlines()[0]}"
@@ -519,6 +545,15 @@ class TrialRunner:
             self.running[trial.number] = Launched(trial, handle, started)
             self.state.save()
         return True
+
+    def trial_config(self, trial: Trial) -> Any:
+        """The trial's composed config, where the runner needs it (to place it on GPUs, or for its job's
+        settings); composed once per trial, not at every look at whether its devices are free."""
+        if not self.pool.devices and self.launcher == LOCAL:
+            return None
+        if trial.number not in self.configs:
+            self.configs[trial.number] = compose_trial(trial.command)
+        return self.configs[trial.number]
 
     def place(self, trial: Trial, config: Any) -> list[str] | None:
         """The devices ``trial`` runs on ([] for none), now taken; None while they are not free."""
@@ -541,11 +576,15 @@ class TrialRunner:
 
     def poll(self) -> None:
         """Record the trials that ended; launch those whose run folders were released."""
+        now = time.monotonic()
+        due = [each for each in self.running.values() if each.handle.detaches and now >= each.next_poll]
+        if any(each.trial.launcher == SLURM for each in due):
+            refresh_slurm_states()
         for launched in list(self.running.values()):
             if launched.handle.detaches:
-                if time.monotonic() < launched.next_poll:
+                if launched not in due:
                     continue
-                launched.next_poll = time.monotonic() + (JOB_POLL_SECONDS if launched.trial.launcher == SLURM else 0)
+                launched.next_poll = now + (JOB_POLL_SECONDS if launched.trial.launcher == SLURM else 0)
                 self.job_state(launched)
             returncode = launched.handle.poll()
             if returncode is not None:
@@ -560,16 +599,24 @@ class TrialRunner:
         for trial in list(self.waiting.values()):
             if run_folder_holder(self.state.folder / (trial.run_dir or "")) is None:
                 del self.waiting[trial.number]
-                self.launch(trial)
+                self.pool.give_back(trial.devices or [])
+                if not self.launch(trial):  # its devices are not free now: it starts first once they are
+                    self.queue.insert(0, trial)
 
     def job_stopped(self, trial: Trial, returncode: int) -> None:
         """A submitted trial whose job ended before the trial did. Stopped at a signal after saving its
         last checkpoint (a preemption that submitit did not requeue), it is submitted again and continues
         in its folder; a job that left no exit status (cancelled, killed) runs again when the sweep does."""
         trial.state, trial.returncode = INTERRUPTED, returncode
-        if returncode == NO_EXIT_STATUS:
+        if str(trial.job_state).startswith("CANCELLED"):  # by someone: not undone here
             trial.error = (
-                f"job {trial.job_id} ended ({trial.job_state}) without an exit status; see logs/{trial.name}.log"
+                f"job {trial.job_id} was cancelled (exit code {returncode}); it runs again when the sweep does"
+            )
+            log.warning("%s: %s", trial.name, trial.error)
+        elif returncode == NO_EXIT_STATUS:
+            trial.error = (
+                f"job {trial.job_id} ended ({trial.job_state}) without an exit status; see logs/{trial.name}.log "
+                f"and {SUBMITIT_FOLDER}/{trial.job_id}/"
             )
             log.warning("%s: %s; it runs again when the sweep does", trial.name, trial.error)
         else:
@@ -696,22 +743,29 @@ def start_trial(
         own["CUDA_VISIBLE_DEVICES"] = ",".join(trial.devices)
     log_file = logs / f"{trial.name}.log"
     handle: TrialHandle
-    try:
-        if launcher == LOCAL:
+    if launcher == LOCAL:
+        try:
             handle = start_process(trial.command, {**env, **own}, log_file)
-        else:
-            variables = {**trial_variables(env), **own}
-            job = TrialJob(
-                trial.command, variables, list(FOREIGN_VARIABLES), str(log_file), str(exit_file(state, trial))
-            )
+        except OSError as error:
+            trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror or error}"
+            return None, time.monotonic()
+    else:
+        variables = {key: value for key, value in trial_variables(env).items() if key != "OMP_NUM_THREADS"}
+        variables |= own  # a job's node has its own CPUs (cpus_per_task): not the runner's share
+        job = TrialJob(trial.command, variables, list(FOREIGN_VARIABLES), str(log_file), str(exit_file(state, trial)))
+        try:
             handle = SubmititLauncher(launcher, state.folder).submit(f"{state.folder.name}-{trial.name}", job,
                                                                      config.hydra.launcher)  # fmt: skip
-    except OSError as error:
-        trial.state, trial.error = FAILED, f"cannot start {trial.command[0]}: {error.strerror or error}"
-        return None, time.monotonic()
-    except ValueError as error:
-        trial.state, trial.error = FAILED, f"not submitted: {error}"
-        return None, time.monotonic()
+        except (OSError, RuntimeError, NameError, AssertionError, ValueError) as error:
+            # sbatch refusing a partition, no SLURM here, a setting submitit does not know: every trial
+            # of the sweep would meet it, so the sweep stops (this trial recorded as failed).
+            reason = " ".join(str(error).split())[:400] or type(error).__name__
+            trial.state, trial.error = FAILED, f"not submitted: {reason}"
+            state.save()
+            raise SweepError(
+                f"{trial.name} could not be submitted to {launcher}: {reason}; fix the job's settings "
+                "(hydra.launcher.*) and run the sweep again"
+            ) from None
     trial.job_id = handle.job_id
     log.info("%s: %s %s", trial.name, "job" if handle.detaches else "process", trial.job_id)
     return handle, time.monotonic()
