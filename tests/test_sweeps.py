@@ -209,7 +209,7 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path, wandb_offline: None
 ) -> None:
     sweep = write_sweep(tmp_path / "tiny.yaml", TINY_SWEEP.format(root=multi30k_root, cache=cache_dir))
-    first = run_sweep_cli([str(sweep)], tmp_path)
+    first = run_sweep_cli([str(sweep), "--parallel", "2"], tmp_path)  # two at a time: the test takes less
     assert first.returncode == 1, first.stderr  # one trial failed: said in the exit status ...
     assert "2 of 3 trials finished" in first.stdout and "trial-0002 (exit code 2" in first.stderr
     folder = tmp_path / "outputs" / "sweeps" / "tiny"
