@@ -43,7 +43,7 @@ command:
   - debug=smoke
   - data.root={root}
   - data.cache_dir={cache}
-  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'${{oc.env:AIAYN_RUN_DIR}}/batches',pause:0.5}}]"
+  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'${{oc.env:AIAYN_RUN_DIR}}/batches',pause:0.3}}]"
   - ${{args_no_hyphens}}
 """
 

@@ -276,7 +276,7 @@ command:
   - debug=smoke
   - data.root={root}
   - data.cache_dir={cache}
-  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{batches}',pause:0.5}}]"
+  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{batches}',pause:0.3}}]"
   - ${{args_no_hyphens}}
 """
 
