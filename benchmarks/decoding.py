@@ -1,11 +1,21 @@
-"""Beam-search speed: our cached search against recomputing the prefix and against Hugging Face `generate`.
+"""Beam-search speed: our cached search against recomputing the prefix, Hugging Face `generate` and
+CTranslate2, on random weights or on a trained checkpoint's real translations.
 
-All three decode the same random source batches with beam 4 on models of the same size (the default
-`small`: 3+3 layers, d_model 256, 4 heads, d_ff 1024, 8000-token shared vocabulary, random weights).
+Without `--checkpoint`: ours (cached and recomputing) and `generate` decode the same random source
+batches with beam 4 on models of the same size (the default `small`: 3+3 layers, d_model 256, 4 heads,
+d_ff 1024, 8000-token shared vocabulary, random weights).
 EOS is made (almost) impossible until the length limit in every contestant, so each one runs exactly the
 same number of decoder steps per sentence. Contestants alternate, in this one process, after a warm-up.
-Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
+
+With `--checkpoint` (a .ckpt of aiayn-train or aiayn-average) and `--source`/`--reference` files: ours,
+`generate` on the exported MarianMTModel, and CTranslate2 float32 and int8 (the checkpoint converted by
+`aiayn.export`) translate the same sentences with beam 4, α = 0.6, source length + 50, each through
+its own batching of equal-length groups or of 8192 source tokens; printed are sentences/s, the ratio to
+ours, sacreBLEU and the share of lines identical to ours.
+Needs the `bench` extra (`pip install -e ".[bench]"`: `transformers` and `ctranslate2`).
 Usage: python benchmarks/decoding.py [--sentences 128] [--src-len 16] [--out-len 24] [--rounds 3]
+       python benchmarks/decoding.py --checkpoint <run>/checkpoints/averaged.ckpt \
+           --source <multi30k>/test_2016_flickr.en.gz --reference <multi30k>/test_2016_flickr.de.gz
 """
 
 from __future__ import annotations
@@ -16,11 +26,16 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search
+from aiayn.data.corpus import read_parallel
+from aiayn.evaluation.translator import Translator
+from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, TransformerConfig, beam_search
 from aiayn.model.flops import count_parameters
+from aiayn.scoring import corpus_scores
+from aiayn.training.checkpoints import load_model
 
 PAD, BOS, EOS = 0, 2, 3
 SMALL = {"vocab_size": 8000, "n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64}
@@ -63,15 +78,81 @@ def hugging_face_model() -> torch.nn.Module:
     return MarianMTModel(config).eval()
 
 
+def timed_rounds(contestants: dict[str, Callable[[], object]], rounds: int, items: int) -> dict[str, list[float]]:
+    """Items per second of each contestant in ``rounds`` alternating rounds, after one warm-up each."""
+    timings: dict[str, list[float]] = {name: [] for name in contestants}
+    for run in contestants.values():
+        run()  # warm-up
+    for _ in range(rounds):
+        for name, run in contestants.items():
+            start = time.perf_counter()
+            run()
+            timings[name].append(items / (time.perf_counter() - start))
+    return timings
+
+
+def real_text(args: argparse.Namespace) -> None:
+    """Ours, ``generate`` and CTranslate2 on a trained checkpoint's translations of ``args.source``."""
+    from aiayn.export.ctranslate2 import engine_of
+    from aiayn.export.marian import generate_ids, to_marian
+
+    model, tokenizer, _ = load_model(args.checkpoint)
+    sources, references = read_parallel(args.source, args.reference)
+    if args.sentences:
+        sources, references = sources[: args.sentences], references[: args.sentences]
+    options = PAPER_DECODING
+    translators: dict[str, Callable[[list[str]], list[str]]] = {}
+    translators["aiayn"] = Translator(model, tokenizer, options).translate
+    if not args.skip_hf:
+        hf = to_marian(model)
+        translators["transformers generate"] = lambda lines: tokenizer.decode(
+            generate_ids(hf, tokenizer.encode(lines), options, tokenizer)
+        )
+    for compute_type in ("float32", "int8"):
+        engine = engine_of(model, tokenizer, {}, compute_type=compute_type)
+        translators[f"ctranslate2 {compute_type}"] = Translator(engine, tokenizer, options).translate
+    outputs: dict[str, list[str]] = {}
+
+    def contestant(name: str) -> Callable[[], None]:
+        def run() -> None:
+            outputs[name] = translators[name](sources)
+
+        return run
+
+    timings = timed_rounds({name: contestant(name) for name in translators}, args.rounds, len(sources))
+    speeds = {name: statistics.median(values) for name, values in timings.items()}
+    bleu = {name: corpus_scores(hypotheses, references)["sacrebleu"] for name, hypotheses in outputs.items()}
+    same = {name: sum(a == b for a, b in zip(hyps, outputs["aiayn"], strict=True)) / len(sources)
+            for name, hyps in outputs.items()}  # fmt: skip
+    print(
+        f"{args.checkpoint}: {len(sources)} sentences of {args.source}, beam 4, α 0.6, source length + 50; "
+        f"{torch.get_num_threads()} threads, {os.cpu_count()} cores; {count_parameters(model) / 1e6:.2f}M parameters"
+    )
+    print(f"{'decoder':<24} {'sentences/s':>12} {'vs aiayn':>9} {'sacreBLEU':>10} {'lines as aiayn':>15}")
+    for name, speed in speeds.items():
+        print(f"{name:<24} {speed:>12.1f} {speed / speeds['aiayn']:>8.2f}x {bleu[name]:>10.2f} {same[name]:>14.1%}")
+    speedup = {name: speed / speeds["aiayn"] for name, speed in speeds.items()}
+    print(json.dumps({"sentences_per_s": speeds, "speedup": speedup, "sacrebleu": bleu, "same_as_aiayn": same}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sentences", type=int, default=128)
+    parser.add_argument("--sentences", type=int, help="default: 128 random ones; all of --source")
     parser.add_argument("--src-len", type=int, default=16, help="source tokens per sentence, EOS included")
     parser.add_argument("--out-len", type=int, default=24, help="decoder steps per sentence, EOS included")
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
+    parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint: race on real translations")
+    parser.add_argument("--source", type=Path, help="with --checkpoint: the sentences to translate")
+    parser.add_argument("--reference", type=Path, help="with --checkpoint: their references, for sacreBLEU")
     args = parser.parse_args()
+    if args.checkpoint:
+        if not (args.source and args.reference):
+            parser.error("--checkpoint needs --source and --reference")
+        real_text(args)
+        return
+    args.sentences = args.sentences or 128
 
     torch.manual_seed(0)
     ours = LateEosTransformer(TransformerConfig(**SMALL)).eval()
@@ -112,15 +193,7 @@ def main() -> None:
 
         contestants["transformers generate"] = hf_generate
 
-    timings: dict[str, list[float]] = {name: [] for name in contestants}
-    for run in contestants.values():
-        run()  # warm-up
-    for _ in range(args.rounds):
-        for name, run in contestants.items():
-            start = time.perf_counter()
-            run()
-            timings[name].append(args.sentences / (time.perf_counter() - start))
-
+    timings = timed_rounds(contestants, args.rounds, args.sentences)
     medians = {name: statistics.median(speeds) for name, speeds in timings.items()}
     reference = medians["aiayn cached"]
     print(

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from aiayn.export.marian import marian_config
 from aiayn.model import TransformerConfig
 from aiayn.model.positional import SinusoidalPositionalEncoding
 
@@ -20,34 +21,11 @@ from aiayn.model.positional import SinusoidalPositionalEncoding
 def marian(cfg: TransformerConfig) -> nn.Module:
     """A MarianMTModel of ``cfg``'s size: it returns logits for ``(src, tgt_in)`` as ours does."""
     try:
-        from transformers import MarianConfig, MarianMTModel
+        from transformers import MarianMTModel
     except ImportError as error:
         raise SystemExit('MarianMTModel needs transformers: pip install -e ".[bench]" (or pass --skip-hf)') from error
 
-    if cfg.d_k * cfg.n_heads != cfg.d_model or cfg.d_v != cfg.d_k:
-        raise ValueError("MarianMTModel needs d_k = d_v = d_model / n_heads")
-    config = MarianConfig(
-        vocab_size=cfg.vocab_size,
-        decoder_vocab_size=cfg.vocab_size,
-        d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers,
-        decoder_layers=cfg.n_layers,
-        encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff,
-        decoder_ffn_dim=cfg.d_ff,
-        activation_function="relu",
-        dropout=cfg.dropout,
-        attention_dropout=cfg.attn_dropout,
-        activation_dropout=0.0,
-        max_position_embeddings=cfg.max_positions,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=cfg.pad_id,
-        decoder_start_token_id=cfg.pad_id,
-    )
-    model = MarianMTModel(config)
+    model = MarianMTModel(marian_config(cfg))  # its own initialisation; ours are copied by aiayn-export only
 
     class Logits(nn.Module):
         def __init__(self) -> None:

@@ -24,6 +24,7 @@ LAYERS = (
     "model",
     "data",
     "training",
+    "export",
     "evaluation",
     "config",
     "experiments",

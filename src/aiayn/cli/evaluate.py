@@ -17,7 +17,8 @@ from aiayn.config.build import decoding_options, instantiated_from_checkpoint
 from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.errors import CheckpointError, ConfigError
-from aiayn.evaluation.translator import Translator
+from aiayn.evaluation.translator import Translator, load_translation_model
+from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
 from aiayn.model import DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
@@ -58,6 +59,8 @@ def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
     if cfg.output_dir:
         return Path(cfg.output_dir)
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    if checkpoint.is_dir():  # a CTranslate2 folder: beside it, not inside the model
+        return checkpoint.parent / "eval"
     return run / "eval"
 
 
@@ -164,7 +167,9 @@ def run(cfg: DictConfig) -> None:
         if cfg.tokenized_bleu not in ("auto", True, False):
             raise ConfigError("tokenized_bleu", cfg.tokenized_bleu, "must be auto, true or false")
         compare = compared_system(cfg.compare)
-        model, tokenizer, run_config = load_model(checkpoint, resolve_device(cfg.device))
+        model, tokenizer, run_config = load_translation_model(
+            checkpoint, cfg.backend, resolve_device(cfg.device), cfg.compute_type
+        )
         name, source, reference = evaluation_texts(cfg, run_config, checkpoint)
         decoding = decoding_options(cfg.decoding)
         second = second_system(compare, run_config, reference, decoding, cfg) if compare else None
@@ -180,12 +185,15 @@ def run(cfg: DictConfig) -> None:
         scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
         folder = output_folder(cfg, checkpoint)
         folder.mkdir(parents=True, exist_ok=True)
-        stem = f"{checkpoint.stem}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
+        engine = f".ct2-{cfg.compute_type}" if isinstance(model, EngineModel) else ""  # results of ours stay
+        stem = f"{checkpoint.stem}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
         hyp_file = folder / f"{stem}.hyp.txt"
         atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
         report = {
             "checkpoint": str(checkpoint),
             "evaluated": name,
+            "backend": "ctranslate2" if engine else "aiayn",
+            **({"compute_type": cfg.compute_type} if engine else {}),
             "sentences": len(source),
             "decoding": decoding.to_dict(),
             **scores,

@@ -29,12 +29,14 @@ from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, re
 from aiayn.config.build import decoding_options
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError, DataError, whole
-from aiayn.evaluation.translator import Translator
+from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.files import atomic_write, same_file
 
 # The settings that name something, and what they must be.
 NAMES = {
-    "checkpoint": "must be the path of a .ckpt written by aiayn-train or aiayn-average",
+    "checkpoint": "must be the path of a .ckpt of aiayn-train or aiayn-average, or of a CTranslate2 folder",
+    "backend": "must be auto, aiayn or ctranslate2",
+    "compute_type": "must be a CTranslate2 compute type (default, int8, float32, ...)",
     "input": "must be a file (or null: stdin)",
     "output": "must be a file (or null: stdout)",
     "device": "is not a device; use auto, cpu, cuda or cuda:<index>",
@@ -51,12 +53,10 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-translate"):
         source, target = checked_files(cfg)
-        translator = Translator.from_checkpoint(
-            required_checkpoint(cfg.checkpoint),
-            resolve_device(cfg.device),
-            decoding=decoding_options(cfg.decoding),
-            max_tokens=cfg.max_tokens,
+        model, tokenizer, _ = load_translation_model(
+            required_checkpoint(cfg.checkpoint), cfg.backend, resolve_device(cfg.device), cfg.compute_type
         )
+        translator = Translator(model, tokenizer, decoding_options(cfg.decoding), max_tokens=cfg.max_tokens)
         with ExitStack() as files:
             stream = files.enter_context(open(source, "rb")) if source else sys.stdin.buffer
             lines = Utf8Lines(stream, str(source) if source else "<stdin>")

@@ -5,14 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, whole
+from aiayn.export.ctranslate2 import EngineModel, engine_of, is_engine_folder
+from aiayn.export.folder import check_exportable
 from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
 from aiayn.training.checkpoints import load_model
 
+BACKENDS = ("auto", "aiayn", "ctranslate2")  # auto: the engine for an exported folder, ours for a .ckpt
 CHARS_MARGIN = 2  # a line refused unread has more than twice the characters the model's tokens can hold
 
 
@@ -22,20 +26,22 @@ class Translator:
     Lines are encoded with the model's own BPE, sorted by length and cut into batches of at most
     ``max_tokens`` source tokens (padding included), so that short sentences are not padded to long
     ones; results come back in input order. An empty line translates to an empty line.
+
+    ``model`` is ours (decoded by :func:`aiayn.model.beam_search`) or an exported CTranslate2 model
+    (decoded by the engine's beam search, with the same options; see :mod:`aiayn.export.ctranslate2`).
     """
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | EngineModel,
         tokenizer: Tokenizer,
         decoding: DecodingOptions = PAPER_DECODING,
         max_tokens: int = 8192,
     ) -> None:
         if not whole(max_tokens, 1):
             raise ConfigError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
-        self.model, self.tokenizer, self.decoding = model.eval(), tokenizer, decoding
-        self.max_tokens = max_tokens
-        self.device = next(model.parameters()).device
+        self.model = model.eval() if isinstance(model, Transformer) else model
+        self.tokenizer, self.decoding, self.max_tokens = tokenizer, decoding, max_tokens
         self.max_source_tokens = model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
         # Characters (spaces aside) that max_source_tokens pieces can hold, times the margin: a line near
         # the limit is left to the token count, whose message is exact.
@@ -49,7 +55,7 @@ class Translator:
         decoding: DecodingOptions = PAPER_DECODING,
         max_tokens: int = 8192,
     ) -> Translator:
-        model, tokenizer, _ = load_model(path, device)
+        model, tokenizer, _ = load_translation_model(path, device=device)
         return cls(model, tokenizer, decoding, max_tokens)
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
@@ -77,9 +83,7 @@ class Translator:
         order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: len(ids[i]), reverse=True)
         outputs = [""] * len(lines)
         for batch in self._batches(order, ids):
-            src = self._source_tensor([ids[i] for i in batch])
-            hypotheses = translate_ids(self.model, src, self.tokenizer.bos_id, self.tokenizer.eos_id, self.decoding)
-            for i, text in zip(batch, self.tokenizer.decode(hypotheses), strict=True):
+            for i, text in zip(batch, self.tokenizer.decode(self.translate_ids([ids[i] for i in batch])), strict=True):
                 outputs[i] = text
         return outputs
 
@@ -104,6 +108,13 @@ class Translator:
         if batch:
             yield batch
 
+    def translate_ids(self, rows: list[list[int]]) -> list[list[int]]:
+        """The best hypothesis of each source (ids without EOS), by our beam search or the engine's."""
+        if isinstance(self.model, EngineModel):
+            return self.model.translate_ids(rows, self.decoding)
+        tokenizer = self.tokenizer
+        return translate_ids(self.model, self._source_tensor(rows), tokenizer.bos_id, tokenizer.eos_id, self.decoding)
+
     def _source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """Source ids + EOS, right-padded, as the training batches are (see ``data.dataset.Collator``)."""
         width = max(len(row) for row in rows) + 1
@@ -111,7 +122,34 @@ class Translator:
         for r, row in enumerate(rows):
             src[r, : len(row)] = torch.tensor(row, dtype=torch.long)
             src[r, len(row)] = self.tokenizer.eos_id
-        return src.to(self.device)
+        return src.to(next(self.model.parameters()).device)
+
+
+def load_translation_model(
+    path: Path, backend: str = "auto", device: str | torch.device = "cpu", compute_type: str = "default"
+) -> tuple[Transformer | EngineModel, Tokenizer, dict[str, Any]]:
+    """The model that ``checkpoint=`` names, its tokenizer and its run's config: a ``.ckpt`` decoded by
+    ``backend`` (ours, or CTranslate2 after converting it on the fly), or a folder of ``aiayn-export
+    format=ctranslate2``, decoded by the engine. ``compute_type`` is the engine's (int8, float32, ...)."""
+    if backend not in BACKENDS:
+        raise ConfigError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    path = Path(path)
+    if path.is_dir() and is_engine_folder(path):
+        if backend == "aiayn":
+            raise ConfigError(
+                "backend", backend, f"cannot decode {path}, a CTranslate2 folder; use backend=ctranslate2"
+            )
+        engine = EngineModel(path, device, compute_type)
+        return engine, engine.tokenizer, engine.run_config
+    if compute_type != "default" and backend != "ctranslate2":
+        raise ConfigError(
+            "compute_type", compute_type, "is for backend=ctranslate2 (or an exported CTranslate2 folder)"
+        )
+    model, tokenizer, run_config = load_model(path, device)
+    if backend == "ctranslate2":
+        check_exportable(model.cfg, "ctranslate2")
+        return engine_of(model, tokenizer, run_config, device, compute_type), tokenizer, run_config
+    return model, tokenizer, run_config
 
 
 def longest_piece(tokenizer: Tokenizer) -> int:

@@ -1,0 +1,60 @@
+"""A checkpoint of aiayn-train or aiayn-average → an exported model folder (``aiayn-export``)."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from aiayn.export import ctranslate2, marian
+from aiayn.export.folder import FORMATS, check_exportable, write_folder
+from aiayn.model import Transformer
+from aiayn.training.checkpoints import load_checkpoint, load_model
+
+
+def provenance(path: Path, model: Transformer, run_config: dict[str, Any], target: str) -> dict[str, Any]:
+    """What an exported folder records of its source: the checkpoint (path, SHA-256, step, the checkpoints
+    an average was made of), the model's hyperparameters and the run's config (its corpus and
+    direction, which aiayn-eval reads)."""
+    checkpoint = load_checkpoint(path, mmap=True)
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return {
+        "format": target,
+        "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "checkpoint": str(Path(path).resolve()),
+        "checkpoint_sha256": digest.hexdigest(),
+        "global_step": checkpoint.get("global_step"),
+        "averaged_from": checkpoint.get("averaged_from"),
+        "model": model.cfg.to_dict(),
+        "run_config": run_config,
+    }
+
+
+def export_checkpoint(path: Path, target: str, output: Path, quantization: str = "float32") -> None:
+    """Write ``path``'s model to the new folder ``output`` as ``target`` (``hf``: a MarianMTModel folder;
+    ``ctranslate2``: a CTranslate2 model with weights in ``quantization``). A model variant the target
+    cannot represent is a :class:`~aiayn.errors.ConfigError` naming the setting, raised before anything
+    is written."""
+    if target not in FORMATS:
+        raise ValueError(f"format={target} must be one of {', '.join(FORMATS)}")
+    if target == "hf" and quantization != "float32":
+        raise ValueError(f"quantization={quantization} is for format=ctranslate2; format=hf writes float32 weights")
+    if target == "ctranslate2" and quantization not in ctranslate2.QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization} must be one of {', '.join(ctranslate2.QUANTIZATIONS)}")
+    model, tokenizer, run_config = load_model(path)
+    check_exportable(model.cfg, target)
+    if target == "ctranslate2":
+        ctranslate2.import_ctranslate2()  # a missing engine is said before any folder is made
+    record = provenance(path, model, run_config, target)
+
+    def write(folder: Path) -> None:
+        if target == "hf":
+            marian.save_marian(model, tokenizer, folder, record)
+        else:
+            ctranslate2.convert(model, tokenizer, folder, quantization, record)
+
+    write_folder(output, write)

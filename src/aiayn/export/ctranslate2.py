@@ -1,0 +1,208 @@
+"""Our Transformer as a CTranslate2 model, and translation through that engine.
+
+CTranslate2's converter for Hugging Face Marian folders assumes Marian's own vocabulary conventions:
+``<pad>`` is the last token (it drops the last row of the embeddings) and the decoder starts from a zero
+vector instead of a token's embedding. Our models start decoding from BOS's embedding, with PAD first,
+so :func:`convert` fills CTranslate2's own ``TransformerSpec`` from the checkpoint's weights instead,
+through the engine's converter base class (its validation, quantization and file format). The spec
+takes our layout as it is: the fused Q/K/V projection, our position table, pre-LN or post-LN.
+
+:class:`EngineModel` translates token ids with the engine's beam search, with our decoding options:
+beam size, length penalty α, and at most source length + ``max_len_offset`` tokens before EOS (the
+engine takes one length limit per call, so sentences go in groups of one source length).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.export.folder import PROVENANCE_FILE, TOKENIZER_FILE, check_exportable, read_provenance, write_companions
+from aiayn.machine import available_cpus
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig
+
+QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "float16", "bfloat16", "int8_bfloat16")
+MODEL_FILE = "model.bin"
+
+
+def import_ctranslate2() -> Any:
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ValueError(
+            'CTranslate2 is not installed: pip install "aiayn[export]" (or pip install ctranslate2)'
+        ) from None
+    return ctranslate2
+
+
+def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
+    """CTranslate2's ``TransformerSpec`` holding ``model``'s weights (float32 numpy arrays)."""
+    ctranslate2 = import_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    check_exportable(cfg, "ctranslate2")
+    weights = {name: tensor.detach().float().cpu().numpy() for name, tensor in model.state_dict().items()}
+    spec = transformer_spec.TransformerSpec.from_config(
+        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
+    )
+
+    def linear(target: Any, name: str) -> None:
+        target.weight = weights[f"{name}.weight"]
+        if f"{name}.bias" in weights:
+            target.bias = weights[f"{name}.bias"]
+
+    def norm(target: Any, name: str) -> None:
+        target.gamma, target.beta = weights[f"{name}.weight"], weights[f"{name}.bias"]
+
+    if cfg.positional == "sinusoidal":
+        positions = model.positions.table[: cfg.max_positions].numpy()
+    else:
+        positions = weights["positions.embedding.weight"]
+    embedding = weights["src_embed.weight"]
+    for stack in (spec.encoder, spec.decoder):
+        stack.scale_embeddings = True  # §3.4: sqrt(d_model)
+        stack.position_encodings.encodings = positions
+    spec.encoder.embeddings[0].weight = embedding
+    spec.decoder.embeddings.weight = embedding
+    spec.decoder.projection.weight = embedding  # §3.4: the pre-softmax projection is the embedding
+    if cfg.norm_first:
+        norm(spec.encoder.layer_norm, "encoder_norm")
+        norm(spec.decoder.layer_norm, "decoder_norm")
+    for i, layer in enumerate(spec.encoder.layer):
+        linear(layer.self_attention.linear[0], f"encoder.{i}.self_attn.qkv_proj")
+        linear(layer.self_attention.linear[1], f"encoder.{i}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"encoder.{i}.attn_block.norm")
+        linear(layer.ffn.linear_0, f"encoder.{i}.ffn.w1")
+        linear(layer.ffn.linear_1, f"encoder.{i}.ffn.w2")
+        norm(layer.ffn.layer_norm, f"encoder.{i}.ffn_block.norm")
+    for i, layer in enumerate(spec.decoder.layer):
+        linear(layer.self_attention.linear[0], f"decoder.{i}.self_attn.qkv_proj")
+        linear(layer.self_attention.linear[1], f"decoder.{i}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"decoder.{i}.self_block.norm")
+        linear(layer.attention.linear[0], f"decoder.{i}.cross_attn.q_proj")
+        linear(layer.attention.linear[1], f"decoder.{i}.cross_attn.kv_proj")
+        linear(layer.attention.linear[2], f"decoder.{i}.cross_attn.out_proj")
+        norm(layer.attention.layer_norm, f"decoder.{i}.cross_block.norm")
+        linear(layer.ffn.linear_0, f"decoder.{i}.ffn.w1")
+        linear(layer.ffn.linear_1, f"decoder.{i}.ffn.w2")
+        norm(layer.ffn.layer_norm, f"decoder.{i}.ffn_block.norm")
+
+    sp = tokenizer.sp
+    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.unk_token = pieces[tokenizer.unk_id]
+    spec.config.bos_token = spec.config.decoder_start_token = pieces[tokenizer.bos_id]
+    spec.config.eos_token = pieces[tokenizer.eos_id]
+    spec.config.add_source_eos = True  # our sources end with EOS (data.dataset.Collator)
+    spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
+    del ctranslate2
+    return spec
+
+
+def convert(
+    model: Transformer, tokenizer: Tokenizer, folder: Path, quantization: str, provenance: dict[str, Any]
+) -> None:
+    """Write a CTranslate2 model folder of ``model`` (weights stored as ``quantization``), with our
+    tokenizer and provenance beside it."""
+    ctranslate2 = import_ctranslate2()
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization} must be one of {', '.join(QUANTIZATIONS)}")
+
+    class SpecConverter(ctranslate2.converters.Converter):
+        def _load(self) -> Any:
+            return transformer_spec(model, tokenizer)
+
+    SpecConverter().convert(str(folder), quantization=quantization, force=True)
+    write_companions(folder, tokenizer, {**provenance, "quantization": quantization})
+
+
+def is_engine_folder(path: Path) -> bool:
+    """``path`` is a folder with a CTranslate2 model in it."""
+    return path.is_dir() and (path / MODEL_FILE).is_file()
+
+
+class EngineModel:
+    """A CTranslate2 model folder written by :func:`convert`, loaded for translation.
+
+    ``compute_type`` is CTranslate2's (``default``: as the weights are stored; ``int8``, ``float32``, ...),
+    ``threads`` the threads of one translation (default: the CPUs this process may use).
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        device: str | torch.device = "cpu",
+        compute_type: str = "default",
+        threads: int | None = None,
+    ) -> None:
+        ctranslate2 = import_ctranslate2()
+        self.folder = Path(folder)
+        self.provenance = read_provenance(self.folder)
+        try:
+            self.cfg = TransformerConfig(**self.provenance["model"])
+        except (TypeError, ValueError) as error:
+            raise ValueError(
+                f"{self.folder}: its {PROVENANCE_FILE} has a model section aiayn cannot read ({error})"
+            ) from None
+        self.tokenizer = Tokenizer(self.folder / TOKENIZER_FILE)
+        device = torch.device(device)
+        try:
+            self.engine = ctranslate2.Translator(
+                str(self.folder),
+                device=device.type,
+                device_index=device.index or 0,
+                compute_type=compute_type,
+                intra_threads=threads or available_cpus(),
+            )
+        except ValueError as error:  # a compute type this device cannot run
+            raise ValueError(f"compute_type={compute_type}: {error}") from None
+        sp = self.tokenizer.sp
+        self.pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
+        self.never = [[self.pieces[self.tokenizer.pad_id]], [self.pieces[self.tokenizer.bos_id]]]
+
+    @property
+    def run_config(self) -> dict[str, Any]:
+        return self.provenance.get("run_config") or {}
+
+    def translate_ids(self, rows: list[list[int]], options: DecodingOptions) -> list[list[int]]:
+        """The best hypothesis of each source (ids without EOS), without EOS, as our beam search returns."""
+        out: list[list[int]] = [[] for _ in rows]
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+        for length, group in groupby(order, key=lambda i: len(rows[i])):
+            members = list(group)
+            # Ours: at most (source tokens + EOS) + offset tokens before EOS, and the decoder's table.
+            limit = min(length + 1 + options.max_len_offset, self.cfg.max_positions - 1)
+            results = self.engine.translate_batch(
+                [[self.pieces[t] for t in rows[i]] for i in members],
+                beam_size=options.beam_size,
+                length_penalty=options.alpha if options.beam_size > 1 else 0.0,
+                max_decoding_length=limit,
+                max_input_length=0,
+                min_decoding_length=0,
+                suppress_sequences=self.never,
+            )
+            for i, result in zip(members, results, strict=True):
+                out[i] = [self.tokenizer.sp.piece_to_id(piece) for piece in result.hypotheses[0]]
+        return out
+
+
+def engine_of(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    run_config: dict[str, Any],
+    device: str | torch.device = "cpu",
+    compute_type: str = "default",
+) -> EngineModel:
+    """``model`` converted on the fly (float32 weights, in a temporary folder) and loaded in the engine,
+    which quantizes as ``compute_type`` says."""
+    with tempfile.TemporaryDirectory(prefix="aiayn-ct2-") as tmp:
+        folder = Path(tmp) / "model"
+        convert(model, tokenizer, folder, "float32", {"model": model.cfg.to_dict(), "run_config": run_config})
+        return EngineModel(folder, device, compute_type)

@@ -1,0 +1,86 @@
+"""What every exported model folder holds besides its weights, which model variants each target takes,
+and how a folder is written: whole or not at all, never over another one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiayn.data.tokenizer import Tokenizer
+from aiayn.errors import ConfigError
+from aiayn.model import TransformerConfig
+
+PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
+TOKENIZER_FILE = "sentencepiece.model"  # our joint BPE model, as aiayn.data.tokenizer reads it
+FORMATS = ("hf", "ctranslate2")
+
+
+def check_exportable(cfg: TransformerConfig, target: str) -> None:
+    """Raise a :class:`ConfigError` naming the first model setting ``target`` cannot represent.
+
+    ``hf`` is ``MarianMTModel``: post-LN, fixed sinusoids, one shared embedding matrix, d_k = d_model / h.
+    ``ctranslate2`` is CTranslate2's ``TransformerSpec``, which also takes learned positions and pre-LN;
+    neither has our rotary attention or a model without positions.
+    """
+    engine = "MarianMTModel" if target == "hf" else "CTranslate2's TransformerSpec"
+    why = f"cannot be exported to format={target}: {engine}"
+    allowed_positions = ("sinusoidal",) if target == "hf" else ("sinusoidal", "learned")
+    if cfg.positional not in allowed_positions:
+        raise ConfigError("model.positional", cfg.positional, f"{why} has {' or '.join(allowed_positions)} positions")
+    if cfg.norm_first and target == "hf":
+        raise ConfigError("model.norm_first", cfg.norm_first, f"{why} is post-LN (the paper's §3.1) only")
+    if not cfg.share_embeddings:
+        raise ConfigError("model.share_embeddings", cfg.share_embeddings, f"{why} is exported with shared embeddings")
+    if cfg.d_k * cfg.n_heads != cfg.d_model:
+        raise ConfigError("model.d_k", cfg.d_k, f"{why} needs d_k = d_model / n_heads = {cfg.d_model / cfg.n_heads:g}")
+    if cfg.d_v != cfg.d_k:
+        raise ConfigError("model.d_v", cfg.d_v, f"{why} needs d_v = d_k = {cfg.d_k}")
+
+
+def write_companions(folder: Path, tokenizer: Tokenizer, provenance: dict[str, Any]) -> None:
+    """Our tokenizer and :data:`PROVENANCE_FILE`: what aiayn-translate and aiayn-eval read from a folder."""
+    (folder / TOKENIZER_FILE).write_bytes(tokenizer.to_bytes())
+    text = json.dumps(provenance, indent=2, default=str) + "\n"
+    (folder / PROVENANCE_FILE).write_text(text, encoding="utf-8")
+
+
+def read_provenance(folder: Path) -> dict[str, Any]:
+    """The :data:`PROVENANCE_FILE` of an exported folder (plain JSON: reading it runs nothing)."""
+    path = folder / PROVENANCE_FILE
+    try:
+        provenance = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(
+            f"{folder} has no {PROVENANCE_FILE}: it is not a model folder written by aiayn-export"
+        ) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not JSON ({error}); export the model again") from None
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("model"), dict):
+        raise ValueError(f"{path} has no model section; export the model again")
+    return provenance
+
+
+def write_folder(output: Path, write: Callable[[Path], None]) -> None:
+    """Run ``write(folder)`` on a new folder beside ``output``, then rename it to ``output``.
+
+    ``output`` must not exist or be an empty folder: an export never mixes its files with another
+    model's. A failed or interrupted export leaves no ``output`` behind.
+    """
+    output = Path(output)
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise ConfigError("output", str(output), "already exists and is not empty; give a new folder")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        write(staging)
+        if output.is_dir():
+            output.rmdir()  # empty, checked above; a folder that filled meanwhile makes this fail
+        os.rename(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -1,0 +1,210 @@
+"""Our Transformer as a Hugging Face ``MarianMTModel``: the same network, weight for weight.
+
+Marian is the paper's model family: post-LN layers (§3.1), ReLU feed-forward networks (§3.3), one
+matrix shared by both embeddings and the pre-softmax projection, embeddings scaled by sqrt(d_model)
+(§3.4) and fixed sinusoids (§3.5). Two differences are bridged here:
+
+- Marian lays the sinusoids out as [sin of every frequency | cos of every frequency], ours interleave
+  them (sin, cos per frequency; :func:`aiayn.model.positional.sinusoidal_table`). Permuting the model
+  dimension the same way in every weight that reads or writes it gives an equivalent network whose
+  position table is Marian's own: it is what :data:`MODEL_DIM_ORDER` does.
+- Self-attention fuses Q, K and V in one projection (``qkv_proj``), encoder-decoder attention K and V
+  (``kv_proj``); Marian keeps them apart.
+
+A variant Marian cannot represent (rotary or learned positions, pre-LN, d_k ≠ d_model / h, separate
+embeddings) is refused by :func:`~aiayn.export.folder.check_exportable` with one line naming the setting.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.export.folder import check_exportable, write_companions
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig
+from aiayn.model.positional import sinusoidal_table
+
+
+def model_dim_order(d_model: int) -> torch.Tensor:
+    """Our model dimensions in Marian's order: the even ones (sines), then the odd ones (cosines)."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def marian_config(cfg: TransformerConfig) -> Any:
+    """The ``MarianConfig`` of ``cfg``'s sizes, with our special ids (:mod:`aiayn.data.tokenizer`'s);
+    decoding starts from BOS, as ours does. A variant Marian cannot represent is a ConfigError."""
+    from transformers import MarianConfig
+
+    check_exportable(cfg, "hf")
+    return MarianConfig(
+        vocab_size=cfg.vocab_size,
+        decoder_vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers,
+        decoder_layers=cfg.n_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function="relu",
+        max_position_embeddings=cfg.max_positions,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attn_dropout,
+        activation_dropout=0.0,
+        pad_token_id=PAD_ID,
+        eos_token_id=EOS_ID,
+        bos_token_id=BOS_ID,
+        decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=EOS_ID,  # at the length limit EOS is forced, as our beam search does
+    )
+
+
+def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
+    """``model``'s weights under MarianMTModel's names, in Marian's order of the model dimension."""
+    cfg = model.cfg
+    check_exportable(cfg, "hf")  # our names and shapes below are those of a model Marian can be
+    order = model_dim_order(cfg.d_model)
+    d = cfg.d_model
+    ours = {name: tensor.detach().float().cpu() for name, tensor in model.state_dict().items()}
+
+    def reads(weight: torch.Tensor) -> torch.Tensor:  # a projection from the model dimension
+        return weight[:, order].contiguous()
+
+    def writes(tensor: torch.Tensor) -> torch.Tensor:  # a projection into it (weight rows, or a bias), a norm
+        return tensor[order].contiguous()
+
+    out: dict[str, torch.Tensor] = {}
+    embedding = reads(ours["src_embed.weight"])
+    for name in ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+                 "lm_head.weight"):  # fmt: skip
+        out[name] = embedding
+    out["final_logits_bias"] = torch.zeros(1, cfg.vocab_size)
+    positions = sinusoidal_table(cfg.max_positions, d)[:, order].contiguous()
+    out["model.encoder.embed_positions.weight"] = positions
+    out["model.decoder.embed_positions.weight"] = positions.clone()
+
+    def attention(ours_prefix: str, marian_prefix: str, fused: bool) -> None:
+        if fused:
+            weight, bias = ours[f"{ours_prefix}.qkv_proj.weight"], ours[f"{ours_prefix}.qkv_proj.bias"]
+        else:
+            weight = torch.cat([ours[f"{ours_prefix}.q_proj.weight"], ours[f"{ours_prefix}.kv_proj.weight"]])
+            bias = torch.cat([ours[f"{ours_prefix}.q_proj.bias"], ours[f"{ours_prefix}.kv_proj.bias"]])
+        for letter, w, b in zip("qkv", weight.split(d), bias.split(d), strict=True):
+            out[f"{marian_prefix}.{letter}_proj.weight"] = reads(w)
+            out[f"{marian_prefix}.{letter}_proj.bias"] = b.contiguous()
+        out[f"{marian_prefix}.out_proj.weight"] = writes(ours[f"{ours_prefix}.out_proj.weight"])
+        out[f"{marian_prefix}.out_proj.bias"] = writes(ours[f"{ours_prefix}.out_proj.bias"])
+
+    def norm(ours_prefix: str, marian_prefix: str) -> None:
+        for part in ("weight", "bias"):
+            out[f"{marian_prefix}.{part}"] = writes(ours[f"{ours_prefix}.norm.{part}"])
+
+    def feed_forward(ours_prefix: str, marian_prefix: str) -> None:
+        out[f"{marian_prefix}.fc1.weight"] = reads(ours[f"{ours_prefix}.ffn.w1.weight"])
+        out[f"{marian_prefix}.fc1.bias"] = ours[f"{ours_prefix}.ffn.w1.bias"]
+        out[f"{marian_prefix}.fc2.weight"] = writes(ours[f"{ours_prefix}.ffn.w2.weight"])
+        out[f"{marian_prefix}.fc2.bias"] = writes(ours[f"{ours_prefix}.ffn.w2.bias"])
+
+    for i in range(cfg.n_layers):
+        src, dst = f"encoder.{i}", f"model.encoder.layers.{i}"
+        attention(f"{src}.self_attn", f"{dst}.self_attn", fused=True)
+        norm(f"{src}.attn_block", f"{dst}.self_attn_layer_norm")
+        feed_forward(src, dst)
+        norm(f"{src}.ffn_block", f"{dst}.final_layer_norm")
+        src, dst = f"decoder.{i}", f"model.decoder.layers.{i}"
+        attention(f"{src}.self_attn", f"{dst}.self_attn", fused=True)
+        norm(f"{src}.self_block", f"{dst}.self_attn_layer_norm")
+        attention(f"{src}.cross_attn", f"{dst}.encoder_attn", fused=False)
+        norm(f"{src}.cross_block", f"{dst}.encoder_attn_layer_norm")
+        feed_forward(src, dst)
+        norm(f"{src}.ffn_block", f"{dst}.final_layer_norm")
+    return out
+
+
+def to_marian(model: Transformer) -> Any:
+    """A ``MarianMTModel`` (eval mode) that computes what ``model`` computes."""
+    from transformers import MarianMTModel
+
+    hf = MarianMTModel(marian_config(model.cfg))
+    weights = marian_state_dict(model)
+    missing, unexpected = hf.load_state_dict(weights, strict=False)
+    if unexpected or missing:
+        raise RuntimeError(f"MarianMTModel weights do not match: missing {missing}, unexpected {unexpected}")
+    hf.generation_config.num_beams = 4  # §6.1
+    hf.generation_config.suppress_tokens = [PAD_ID, BOS_ID]  # never generated, as in our beam search
+    hf.generation_config.max_length = model.cfg.max_positions
+    return hf.eval()
+
+
+@torch.no_grad()
+def generate_ids(hf: Any, rows: list[list[int]], options: DecodingOptions, tokenizer: Tokenizer) -> list[list[int]]:
+    """``generate``'s best hypothesis of each source (ids without EOS), without EOS, with our options.
+
+    ``generate`` takes one length limit per call, so sources go in groups of one length, each allowed
+    (source tokens + EOS) + ``max_len_offset`` tokens before the EOS that ``forced_eos_token_id`` puts at
+    the limit, as our beam search does. Its length penalty is ``log P / |Y| ** α``, not GNMT's: with
+    α > 0 the two may prefer different finished hypotheses (see the README's "Use the model elsewhere").
+    """
+    device = next(hf.parameters()).device
+    out: list[list[int]] = [[] for _ in rows]
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    special = {tokenizer.pad_id, tokenizer.eos_id}
+    for length, group in groupby(order, key=lambda i: len(rows[i])):
+        members = list(group)
+        src = torch.tensor([rows[i] + [tokenizer.eos_id] for i in members], device=device)
+        found = hf.generate(
+            input_ids=src,
+            num_beams=options.beam_size,
+            **({"length_penalty": options.alpha} if options.beam_size > 1 else {}),
+            max_new_tokens=min(length + 1 + options.max_len_offset, hf.config.max_position_embeddings - 1) + 1,
+            max_length=None,
+            do_sample=False,
+        )
+        for i, row in zip(members, found.tolist(), strict=True):
+            out[i] = [token for token in row[1:] if token not in special]
+    return out
+
+
+def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+    """``MarianTokenizer`` files from our joint sentencepiece model: one model for both sides
+    (``source.spm``, ``target.spm``) and ``vocab.json``, whose ids are the sentencepiece ids."""
+    from transformers import MarianTokenizer
+
+    model = tokenizer.to_bytes()
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_bytes(model)
+    sp = tokenizer.sp
+    vocab = {sp.id_to_piece(i): i for i in range(sp.get_piece_size())}
+    (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=0) + "\n", encoding="utf-8")
+    pieces = {i: sp.id_to_piece(i) for i in (tokenizer.pad_id, tokenizer.unk_id, tokenizer.eos_id)}
+    hf_tokenizer = MarianTokenizer(
+        str(folder / "source.spm"),
+        str(folder / "target.spm"),
+        str(folder / "vocab.json"),
+        pad_token=pieces[tokenizer.pad_id],
+        unk_token=pieces[tokenizer.unk_id],
+        eos_token=pieces[tokenizer.eos_id],
+        separate_vocabs=False,
+        model_max_length=1 << 30,
+    )
+    hf_tokenizer.save_pretrained(str(folder))
+
+
+def save_marian(model: Transformer, tokenizer: Tokenizer, folder: Path, provenance: dict[str, Any]) -> None:
+    """Write a ``from_pretrained`` folder: config, safetensors weights, generation settings (the
+    paper's beam 4), the tokenizer files and :func:`~aiayn.export.folder.write_companions`'s."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    hf = to_marian(model)
+    hf.save_pretrained(str(folder))
+    save_tokenizer(tokenizer, folder)
+    write_companions(folder, tokenizer, provenance)
