@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -51,31 +52,31 @@ class LateEosTransformer(Transformer):
         return logits
 
 
-def hugging_face_model() -> torch.nn.Module:
-    """A Marian (post-LN, sinusoidal, scaled and shared embeddings) Transformer of the same size."""
-    from transformers import MarianConfig, MarianMTModel
+def engine_search(
+    model: Transformer, batches: tuple[torch.Tensor, ...], out_len: int, device: torch.device, compute_type: str
+) -> Callable[[], None]:
+    """CTranslate2's beam search on ``model`` (converted by aiayn.export), EOS kept off by its minimum
+    length: ``out_len`` decoder steps per sentence, as the others run."""
+    import ctranslate2
 
-    config = MarianConfig(
-        vocab_size=SMALL["vocab_size"],
-        decoder_vocab_size=SMALL["vocab_size"],
-        d_model=SMALL["d_model"],
-        encoder_layers=SMALL["n_layers"],
-        decoder_layers=SMALL["n_layers"],
-        encoder_attention_heads=SMALL["n_heads"],
-        decoder_attention_heads=SMALL["n_heads"],
-        encoder_ffn_dim=SMALL["d_ff"],
-        decoder_ffn_dim=SMALL["d_ff"],
-        activation_function="relu",
-        max_position_embeddings=1024,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        pad_token_id=PAD,
-        eos_token_id=EOS,
-        bos_token_id=BOS,
-        decoder_start_token_id=BOS,
-        forced_eos_token_id=None,
+    from aiayn.export.ctranslate2 import write_engine_model
+
+    pieces = ["<pad>", "<unk>", "<s>", "</s>", *(f"w{i}" for i in range(4, SMALL["vocab_size"]))]
+    folder = Path(tempfile.mkdtemp(prefix="aiayn-ct2-bench-"))
+    write_engine_model(model, pieces, folder, "float32")
+    engine = ctranslate2.Translator(
+        str(folder), device=device.type, compute_type=compute_type, intra_threads=torch.get_num_threads()
     )
-    return MarianMTModel(config).eval()
+    sources = [[[pieces[t] for t in row[:-1]] for row in batch.tolist()] for batch in batches]  # EOS: added
+
+    def run() -> None:
+        for batch in sources:
+            results = engine.translate_batch(
+                batch, beam_size=4, length_penalty=0.6, min_decoding_length=out_len, max_decoding_length=out_len
+            )
+            assert all(len(result.hypotheses[0]) == out_len for result in results)
+
+    return run
 
 
 def timed_rounds(contestants: dict[str, Callable[[], object]], rounds: int, items: int) -> dict[str, list[float]]:
@@ -143,6 +144,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
+    parser.add_argument("--skip-recompute", action="store_true", help="without our use_cache=False search")
+    parser.add_argument("--ct2", nargs="*", default=["float32", "int8"], help="CTranslate2 compute types to race")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--bf16", action="store_true", help="ours under bf16 autocast, generate in bf16")
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint: race on real translations")
     parser.add_argument("--source", type=Path, help="with --checkpoint: the sentences to translate")
     parser.add_argument("--reference", type=Path, help="with --checkpoint: their references, for sacreBLEU")
@@ -154,28 +159,33 @@ def main() -> None:
         return
     args.sentences = args.sentences or 128
 
+    from aiayn.export.marian import to_marian
+
+    device = torch.device(args.device)
     torch.manual_seed(0)
-    ours = LateEosTransformer(TransformerConfig(**SMALL)).eval()
+    ours = LateEosTransformer(TransformerConfig(**SMALL)).eval().to(device)
     src = torch.randint(4, SMALL["vocab_size"], (args.sentences, args.src_len))
     src[:, -1] = EOS
-    batches = src.split(args.batch)
+    batches = src.to(device).split(args.batch)
     # out_len - 1 tokens may precede EOS: out_len decoder steps, as max_new_tokens=out_len gives Hugging Face
     options = DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=args.out_len - 1 - args.src_len)
 
     def our_search(use_cache: bool) -> Callable[[], None]:
         def run() -> None:
-            for batch in batches:
-                found = beam_search(ours, batch, BOS, EOS, options, use_cache=use_cache)
-                assert all(len(h.tokens) == args.out_len - 1 for h in found)
+            with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+                for batch in batches:
+                    found = beam_search(ours, batch, BOS, EOS, options, use_cache=use_cache)
+                    assert all(len(h.tokens) == args.out_len - 1 for h in found)
 
         return run
 
-    contestants: dict[str, Callable[[], None]] = {
-        "aiayn cached": our_search(True),
-        "aiayn recompute": our_search(False),
-    }
+    contestants: dict[str, Callable[[], None]] = {"aiayn cached": our_search(True)}
+    if not args.skip_recompute:
+        contestants["aiayn recompute"] = our_search(False)
     if not args.skip_hf:
-        hf = hugging_face_model()
+        hf = to_marian(ours).to(device)  # the same weights; generate keeps EOS off with min_new_tokens
+        if args.bf16:
+            hf = hf.to(torch.bfloat16)
 
         def hf_generate() -> None:
             with torch.no_grad():
@@ -192,6 +202,8 @@ def main() -> None:
                     assert out.size(1) == args.out_len + 1  # the start token + out_len new ones
 
         contestants["transformers generate"] = hf_generate
+    for compute_type in args.ct2:
+        contestants[f"ctranslate2 {compute_type}"] = engine_search(ours, batches, args.out_len, device, compute_type)
 
     timings = timed_rounds(contestants, args.rounds, args.sentences)
     medians = {name: statistics.median(speeds) for name, speeds in timings.items()}
@@ -202,9 +214,9 @@ def main() -> None:
         f"ours {count_parameters(ours) / 1e6:.2f}M parameters"
         + ("" if args.skip_hf else f", Hugging Face {count_parameters(hf) / 1e6:.2f}M")
     )
-    print(f"{'decoder':<24} {'sentences/s (median)':>21} {'aiayn cached is':>16}")
+    print(f"{'decoder':<24} {'sentences/s (median)':>21} {'vs aiayn cached':>16}")
     for name, speed in medians.items():
-        print(f"{name:<24} {speed:>21.1f} {reference / speed:>15.2f}x")
+        print(f"{name:<24} {speed:>21.1f} {speed / reference:>15.2f}x")
     print(json.dumps({"sentences_per_s": medians, "rounds": timings}))
 
 

@@ -53,10 +53,11 @@ def test_overhead_times_the_real_training_loop_against_the_bare_one(multi30k_roo
     assert 0.0 < result["data_share"] < 0.5
 
 
-def test_decoding_races_cached_and_recomputed_beam_search_against_generate() -> None:
-    command = [sys.executable, str(BENCHMARKS / "decoding.py"), "--sentences", "8", "--batch", "4", "--rounds", "1"]
+def test_decoding_races_cached_and_recomputed_beam_search_against_generate_and_ctranslate2() -> None:
+    command = [sys.executable, str(BENCHMARKS / "decoding.py"), "--sentences", "8", "--batch", "4", "--rounds", "1",
+               "--ct2", "int8"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     speeds = json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
-    assert set(speeds) == {"aiayn cached", "aiayn recompute", "transformers generate"}
+    assert set(speeds) == {"aiayn cached", "aiayn recompute", "transformers generate", "ctranslate2 int8"}
     assert all(speed > 0 for speed in speeds.values())

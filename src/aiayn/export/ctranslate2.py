@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from aiayn.data.tokenizer import Tokenizer
+from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from aiayn.export.folder import PROVENANCE_FILE, TOKENIZER_FILE, check_exportable, read_provenance, write_companions
 from aiayn.machine import available_cpus
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
@@ -40,8 +40,14 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
-def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
-    """CTranslate2's ``TransformerSpec`` holding ``model``'s weights (float32 numpy arrays)."""
+def vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The pieces of ``tokenizer``, by id (PAD, UNK, BOS and EOS at :mod:`aiayn.data.tokenizer`'s ids)."""
+    return [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.sp.get_piece_size())]
+
+
+def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
+    """CTranslate2's ``TransformerSpec`` holding ``model``'s weights (float32 numpy arrays), whose
+    vocabulary is ``pieces`` (:func:`vocabulary`)."""
     ctranslate2 = import_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -93,33 +99,37 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer) -> Any:
         linear(layer.ffn.linear_1, f"decoder.{i}.ffn.w2")
         norm(layer.ffn.layer_norm, f"decoder.{i}.ffn_block.norm")
 
-    sp = tokenizer.sp
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
-    spec.config.unk_token = pieces[tokenizer.unk_id]
-    spec.config.bos_token = spec.config.decoder_start_token = pieces[tokenizer.bos_id]
-    spec.config.eos_token = pieces[tokenizer.eos_id]
+    spec.config.unk_token = pieces[UNK_ID]
+    spec.config.bos_token = spec.config.decoder_start_token = pieces[BOS_ID]
+    spec.config.eos_token = pieces[EOS_ID]
     spec.config.add_source_eos = True  # our sources end with EOS (data.dataset.Collator)
     spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
     del ctranslate2
     return spec
 
 
-def convert(
-    model: Transformer, tokenizer: Tokenizer, folder: Path, quantization: str, provenance: dict[str, Any]
-) -> None:
-    """Write a CTranslate2 model folder of ``model`` (weights stored as ``quantization``), with our
-    tokenizer and provenance beside it."""
+def write_engine_model(model: Transformer, pieces: list[str], folder: Path, quantization: str) -> None:
+    """The CTranslate2 model files of ``model`` (``model.bin``, ``config.json``, the vocabulary) in
+    ``folder``, weights stored as ``quantization``."""
     ctranslate2 = import_ctranslate2()
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization} must be one of {', '.join(QUANTIZATIONS)}")
 
     class SpecConverter(ctranslate2.converters.Converter):
         def _load(self) -> Any:
-            return transformer_spec(model, tokenizer)
+            return transformer_spec(model, pieces)
 
     SpecConverter().convert(str(folder), quantization=quantization, force=True)
+
+
+def convert(
+    model: Transformer, tokenizer: Tokenizer, folder: Path, quantization: str, provenance: dict[str, Any]
+) -> None:
+    """Write a CTranslate2 model folder of ``model`` (weights stored as ``quantization``), with our
+    tokenizer and provenance beside it: what :class:`EngineModel` loads."""
+    write_engine_model(model, vocabulary(tokenizer), folder, quantization)
     write_companions(folder, tokenizer, {**provenance, "quantization": quantization})
 
 
@@ -163,9 +173,8 @@ class EngineModel:
             )
         except ValueError as error:  # a compute type this device cannot run
             raise ValueError(f"compute_type={compute_type}: {error}") from None
-        sp = self.tokenizer.sp
-        self.pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
-        self.never = [[self.pieces[self.tokenizer.pad_id]], [self.pieces[self.tokenizer.bos_id]]]
+        self.pieces = vocabulary(self.tokenizer)
+        self.never = [[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]]  # as in our beam search
 
     @property
     def run_config(self) -> dict[str, Any]:

@@ -1,0 +1,136 @@
+"""The GPU check behind `benchmarks/gpu_check.sh`, on one CUDA GPU, in under 8 minutes:
+
+1. the CUDA-marked tests (`tests/test_cuda.py`: bf16-mixed and 16-mixed training steps, SDPA's fused
+   kernels, cached vs recomputed beam search on the GPU, the exported CTranslate2 engine on CUDA);
+2. `model=base` training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k
+   pairs, 8000-piece BPE, the paper's 25000-token batches), its logged `train/tokens_per_s` and
+   `train/mfu` (median of the logged steps after the first 20);
+3. decoding speed (`benchmarks/decoding.py` on the GPU): our beam search under bf16 autocast,
+   `generate` in bf16 and CTranslate2 float16 on the same random `small` model, 512 sentences.
+
+Prints a table per part and, last, one JSON line with everything.
+Usage: python benchmarks/gpu_bench.py [--steps 200] [--skip-tests] [--skip-train] [--skip-decoding]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cuda_tests(folder: Path) -> dict[str, Any]:
+    report = folder / "cuda-tests.xml"
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-p", "no:cacheprovider",
+               f"--junitxml={report}"]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-2000:])
+    suite = ET.parse(report).getroot().find("testsuite") if report.exists() else None
+    if suite is None:
+        return {"error": done.stderr[-500:] or "pytest wrote no report"}
+    counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
+    return {**counts, "passed": counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"],
+            "seconds": round(time.perf_counter() - start, 1)}  # fmt: skip
+
+
+def generated_corpus(folder: Path, pairs: int = 100_000, seed: int = 0) -> None:
+    """Sentences of 6-40 words drawn from 12000 made-up words (Zipf), each side its own words,
+    neighbouring words swapped on the target side: text whose BPE and lengths look like a corpus."""
+    rng = random.Random(seed)
+    words = 12_000
+    weights = [1.0 / (rank + 1) for rank in range(words)]
+    for split, count in (("train", pairs), ("val", 500)):
+        with open(folder / f"{split}.src", "w") as src, open(folder / f"{split}.tgt", "w") as tgt:
+            for _ in range(count):
+                ids = rng.choices(range(words), weights, k=rng.randint(6, 40))
+                target = [f"v{i}" for i in ids]
+                for k in range(0, len(target) - 1, 3):
+                    target[k], target[k + 1] = target[k + 1], target[k]
+                src.write(" ".join(f"w{i}" for i in ids) + "\n")
+                tgt.write(" ".join(target) + "\n")
+
+
+def training(folder: Path, steps: int) -> dict[str, Any]:
+    corpus = folder / "corpus"
+    corpus.mkdir()
+    generated_corpus(corpus)
+    run = folder / "run"
+    command = [
+        "aiayn-train", "model=base", "hardware=gpu", "data=text", f"data.root={corpus}", "data.src_lang=src",
+        "data.tgt_lang=tgt", "data.train=[train.src,train.tgt]", "data.val=[val.src,val.tgt]",
+        f"data.cache_dir={folder / 'cache'}", "data.max_tokens=25000", "data.eval_limit=64", "logger=none",
+        "progress=quiet", f"trainer.max_steps={steps}", "trainer.max_time=null", f"trainer.val_check_interval={steps}",
+        "trainer.log_every_n_steps=5", "checkpoint.average_last=0", f"hydra.run.dir={run}",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=420)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return {"error": done.stderr[-1000:]}
+    with open(run / "csv" / "metrics.csv", newline="") as metrics:
+        rows = list(csv.DictReader(metrics))
+    logged = [row for row in rows if row.get("train/tokens_per_s") and int(row["step"]) >= 20]
+    result: dict[str, Any] = {"steps": steps, "wall_s": round(wall, 1), "precision": "bf16-mixed"}
+    for key in ("train/tokens_per_s", "train/mfu"):
+        values = [float(row[key]) for row in logged if row.get(key)]
+        result[key.split("/")[1]] = statistics.median(values) if values else None
+    results = json.loads((run / "results.json").read_text())
+    result["params"], result["val_loss"] = results.get("params"), results.get("val_loss")
+    return result
+
+
+def decoding() -> dict[str, Any]:
+    command = [sys.executable, str(REPO / "benchmarks" / "decoding.py"), "--device", "cuda", "--bf16",
+               "--skip-recompute", "--ct2", "float16", "--sentences", "512", "--batch", "128", "--src-len", "20",
+               "--out-len", "40", "--rounds", "3"]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-2000:])
+    if done.returncode != 0:
+        return {"error": done.stderr[-1000:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="model=base training steps")
+    parser.add_argument("--skip-tests", action="store_true")
+    parser.add_argument("--skip-train", action="store_true")
+    parser.add_argument("--skip-decoding", action="store_true")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_bench: no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    start = time.perf_counter()
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+    }
+    with tempfile.TemporaryDirectory(prefix="aiayn-gpu-check-") as tmp:
+        folder = Path(tmp)
+        if not args.skip_tests:
+            result["cuda_tests"] = cuda_tests(folder)
+        if not args.skip_train:
+            result["train_base_bf16"] = training(folder, args.steps)
+        if not args.skip_decoding:
+            result["decoding_sentences_per_s"] = decoding()
+    result["wall_s"] = round(time.perf_counter() - start, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Everything GPU-specific, on one CUDA GPU, in under 8 minutes: the CUDA-marked tests, model=base bf16
+# training tokens/s and MFU through aiayn-train, and decoding speeds (ours, generate, CTranslate2 float16).
+# The last line printed is one JSON object. Needs only the repository: it installs the project (and its
+# dev extras: transformers, ctranslate2) when they are missing; a torch with CUDA must be there or
+# installable.
+#   bash benchmarks/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python -c "import aiayn, ctranslate2, transformers, pytest" 2>/dev/null; then
+  python -m pip install -q -e ".[dev]"
+fi
+exec python benchmarks/gpu_bench.py "$@"
