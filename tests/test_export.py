@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from aiayn.data.corpus import read_lines
+from aiayn.data.tokenizer import Tokenizer
 from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.export.checkpoint import export_checkpoint
-from aiayn.export.ctranslate2 import EngineModel
+from aiayn.export.ctranslate2 import EngineModel, engine_of
 from aiayn.export.folder import check_exportable
 from aiayn.export.marian import generate_ids
-from aiayn.model import DecodingOptions, TransformerConfig, length_penalty
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig, length_penalty
 from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_checkpoint, load_model, save_checkpoint
 from helpers.reference_search import sequence_log_prob
@@ -232,3 +233,30 @@ def test_the_decoding_benchmark_races_the_engines_on_real_translations(trained: 
     # beam 4 with α = 0.6: the engines may pick another hypothesis of a few sentences (see the test above)
     assert result["same_as_aiayn"]["ctranslate2 float32"] >= 0.9
     assert result["sacrebleu"]["ctranslate2 float32"] == pytest.approx(result["sacrebleu"]["aiayn"], abs=3.0)
+
+
+@pytest.mark.parametrize(
+    "variant", [{"positional": "learned"}, {"norm_first": True}, {"positional": "learned", "norm_first": True}]
+)
+def test_ctranslate2_takes_learned_positions_and_pre_ln(variant: dict, corpus_root: Path, tmp_path: Path) -> None:
+    """Variants MarianMTModel lacks go through CTranslate2's own spec: the engine's log-probabilities of
+    given translations are ours, and its greedy translations too (of a random model, whose scaled-up
+    embeddings make its predictions decided)."""
+    lines = read_lines(corpus_root / "train.en")[:100]
+    tokenizer = Tokenizer.train(lines, 200, tmp_path / "spm.model")
+    torch.manual_seed(0)
+    cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, n_layers=2, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8,
+                            max_positions=128, **variant)  # fmt: skip
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        model.src_embed.weight.mul_(4.0)
+    engine = engine_of(model, tokenizer, {})
+    rows = tokenizer.encode(lines)
+    targets = rows[1:] + rows[:1]  # any target will do
+    pieces = [[engine.pieces[t] for t in row] for row in (*rows, *targets)]
+    scored = engine.engine.score_batch(pieces[: len(rows)], pieces[len(rows) :])
+    for row, target, result in zip(rows[:20], targets, scored, strict=False):
+        ours = sequence_log_prob(model, torch.tensor([*row, 3]), target)  # log P(target + EOS | row + EOS)
+        assert sum(result.log_probs) == pytest.approx(ours, abs=1e-3)
+    greedy = DecodingOptions(beam_size=1, max_len_offset=5)
+    assert engine.translate_ids(rows, greedy) == Translator(model, tokenizer, greedy).translate_ids(rows)

@@ -48,13 +48,14 @@ def vocabulary(tokenizer: Tokenizer) -> list[str]:
 def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
     """CTranslate2's ``TransformerSpec`` holding ``model``'s weights (float32 numpy arrays), whose
     vocabulary is ``pieces`` (:func:`vocabulary`)."""
-    ctranslate2 = import_ctranslate2()
-    from ctranslate2.specs import common_spec, transformer_spec
+    import_ctranslate2()
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs.transformer_spec import TransformerSpec
 
     cfg = model.cfg
     check_exportable(cfg, "ctranslate2")
     weights = {name: tensor.detach().float().cpu().numpy() for name, tensor in model.state_dict().items()}
-    spec = transformer_spec.TransformerSpec.from_config(
+    spec = TransformerSpec.from_config(
         cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
     )
 
@@ -67,7 +68,7 @@ def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
         target.gamma, target.beta = weights[f"{name}.weight"], weights[f"{name}.bias"]
 
     if cfg.positional == "sinusoidal":
-        positions = model.positions.table[: cfg.max_positions].numpy()
+        positions = model.positions.table[: cfg.max_positions].float().cpu().numpy()
     else:
         positions = weights["positions.embedding.weight"]
     embedding = weights["src_embed.weight"]
@@ -106,7 +107,6 @@ def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
     spec.config.eos_token = pieces[EOS_ID]
     spec.config.add_source_eos = True  # our sources end with EOS (data.dataset.Collator)
     spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's
-    del ctranslate2
     return spec
 
 
