@@ -178,7 +178,7 @@ def run(cfg: DictConfig) -> None:
         hypotheses = translator.translate(source)
         seconds = time.perf_counter() - start
 
-        tgt_lang = run_config["data"].get("tgt_lang")
+        tgt_lang = (direction(run_config) or (None, None))[1]
         wants_tokenized = cfg.tokenized_bleu is True or (
             cfg.tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS
         )

@@ -178,7 +178,9 @@ class EngineModel:
 
     @property
     def run_config(self) -> dict[str, Any]:
-        return self.provenance.get("run_config") or {}
+        """The source run's config, as :data:`PROVENANCE_FILE` has it (empty when it has none)."""
+        config = self.provenance.get("run_config")
+        return config if isinstance(config, dict) else {}
 
     def translate_ids(self, rows: list[list[int]], options: DecodingOptions) -> list[list[int]]:
         """The best hypothesis of each source (ids without EOS), without EOS, as our beam search returns."""
