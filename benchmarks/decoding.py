@@ -62,11 +62,10 @@ def engine_search(
     from aiayn.export.ctranslate2 import write_engine_model
 
     pieces = ["<pad>", "<unk>", "<s>", "</s>", *(f"w{i}" for i in range(4, SMALL["vocab_size"]))]
-    folder = Path(tempfile.mkdtemp(prefix="aiayn-ct2-bench-"))
-    write_engine_model(model, pieces, folder, "float32")
-    engine = ctranslate2.Translator(
-        str(folder), device=device.type, compute_type=compute_type, intra_threads=torch.get_num_threads()
-    )
+    with tempfile.TemporaryDirectory(prefix="aiayn-ct2-bench-") as folder:  # read whole when loaded
+        write_engine_model(model, pieces, Path(folder), "float32")
+        threads = torch.get_num_threads()
+        engine = ctranslate2.Translator(folder, device=device.type, compute_type=compute_type, intra_threads=threads)
     sources = [[[pieces[t] for t in row[:-1]] for row in batch.tolist()] for batch in batches]  # EOS: added
 
     def run() -> None:
@@ -144,10 +143,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64, help="sentences per batch")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
-    parser.add_argument("--skip-recompute", action="store_true", help="without our use_cache=False search")
-    parser.add_argument("--ct2", nargs="*", default=["float32", "int8"], help="CTranslate2 compute types to race")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--bf16", action="store_true", help="ours under bf16 autocast, generate in bf16")
+    parser.add_argument(
+        "--skip-recompute", action="store_true", help="random weights: without our use_cache=False search"
+    )
+    parser.add_argument(
+        "--ct2", nargs="*", default=["float32", "int8"], help="random weights: the CTranslate2 compute types to race"
+    )
+    parser.add_argument("--device", default="cpu", help="random weights: cpu or cuda")
+    parser.add_argument(
+        "--bf16", action="store_true", help="random weights: ours under bf16 autocast, generate in bf16"
+    )
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint: race on real translations")
     parser.add_argument("--source", type=Path, help="with --checkpoint: the sentences to translate")
     parser.add_argument("--reference", type=Path, help="with --checkpoint: their references, for sacreBLEU")

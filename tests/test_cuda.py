@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def sharp_model(vocab_size: int, seed: int = 0) -> Transformer:
 
 
 @pytest.fixture(autouse=True)
-def exact_matmuls() -> None:
+def exact_matmuls() -> Iterator[None]:
     """No TF32: the comparisons below are between float32 computations."""
     before = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False

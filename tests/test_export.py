@@ -6,6 +6,7 @@ on the generated corpus, so its predictions are decided, not near-ties)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -207,7 +208,7 @@ def test_translate_and_eval_decode_through_the_engine(
         read_lines(corpus_root / "test_2016_flickr.de"),
     )
     hypotheses = Translator(*load_model(trained)[:2], no_penalty).translate(test_sources)
-    assert report["backend"] == "ctranslate2" and ".ct2-default." in report["hypotheses"]
+    assert report["backend"] == "ctranslate2" and ".ct2-float32." in report["hypotheses"]
     assert report["sacrebleu"] == pytest.approx(corpus_scores(hypotheses, references)["sacrebleu"], abs=1e-9)
     assert report["sacrebleu"] > 50
 
@@ -260,3 +261,53 @@ def test_ctranslate2_takes_learned_positions_and_pre_ln(variant: dict, corpus_ro
         assert sum(result.log_probs) == pytest.approx(ours, abs=1e-3)
     greedy = DecodingOptions(beam_size=1, max_len_offset=5)
     assert engine.translate_ids(rows, greedy) == Translator(model, tokenizer, greedy).translate_ids(rows)
+
+
+def broken(folder: Path, tmp_path: Path, damage: str) -> Path:
+    """A copy of the exported CTranslate2 ``folder`` with one kind of ``damage``."""
+    copy = tmp_path / "ct2"
+    shutil.copytree(folder, copy)
+    if damage == "provenance not JSON":
+        (copy / "aiayn.json").write_text("{not json")
+    elif damage == "provenance without a model":
+        (copy / "aiayn.json").write_text('{"model": [1]}')
+    elif damage == "tokenizer missing":
+        (copy / "sentencepiece.model").unlink()
+    elif damage == "another tokenizer":
+        Tokenizer.train(["a b c d e f g h"] * 50, 20, copy / "sentencepiece.model")
+    elif damage == "model truncated":
+        data = (copy / "model.bin").read_bytes()
+        (copy / "model.bin").write_bytes(data[: len(data) // 2])
+    return copy
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("provenance not JSON", r"aiayn\.json is not JSON"),
+        ("provenance without a model", r"aiayn\.json has no model section"),
+        ("tokenizer missing", r"its sentencepiece\.model cannot be read"),
+        ("another tokenizer", r"its sentencepiece\.model is not the model's tokenizer"),
+        ("model truncated", r"CTranslate2 cannot load .* on cpu with compute_type=default"),
+    ],
+)
+def test_a_damaged_exported_folder_is_refused_in_one_line(
+    exported: dict[str, Path], tmp_path: Path, damage: str, message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as refused:
+        load_translation_model(broken(exported["ct2"], tmp_path, damage))
+    assert "\n" not in str(refused.value)
+
+
+def test_bad_engine_settings_and_an_exported_folder_as_a_checkpoint_are_refused(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=r"^CTranslate2 cannot load .* with compute_type=int3 "):
+        load_translation_model(exported["ct2"], compute_type="int3")
+    with pytest.raises(ValueError, match=r"^compute_type=null must be a CTranslate2 compute type"):
+        load_translation_model(exported["ct2"], compute_type=None)
+    with pytest.raises(ValueError, match=r"^checkpoint=.* is an exported model; export from its checkpoint \(/"):
+        export_checkpoint(exported["ct2"], "hf", tmp_path / "again")
+    with pytest.raises(ValueError, match=r"^quantization=int4 must be one of float32, int8"):
+        export_checkpoint(exported["ct2"], "ctranslate2", tmp_path / "again", quantization="int4")
+    assert not (tmp_path / "again").exists()

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import glob
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -67,12 +68,45 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
         os.close(folder)
 
 
+def atomic_folder(path: Path, write: Callable[[Path], None]) -> None:
+    """Make the new folder ``path`` whole or not at all: ``write(folder)`` fills a temporary folder beside
+    it (``.<name>.<host>.<pid>.<random>.tmp``, as :func:`atomic_write` names its files), which is then
+    renamed to ``path``. ``path`` must not exist, or be an empty folder; a folder with files in it is a
+    :class:`FileExistsError`, and nothing is written into it. Temporary folders that writers of this
+    host left when they died are removed."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise FileExistsError(f"{path} already exists and is not empty")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}.{_HOST}."
+    _remove_orphans(path.parent, prefix)
+    staging = Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp"))
+    try:
+        write(staging)
+        os.chmod(staging, 0o777 & ~_UMASK)  # an ordinary folder's permissions, not mkdtemp's 0700
+        if path.is_dir():
+            path.rmdir()  # empty, checked above: a folder that filled since makes this fail
+        os.rename(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the rename itself reaches the disk
+    finally:
+        os.close(folder)
+
+
 def _remove_orphans(folder: Path, prefix: str) -> None:
-    """Remove ``folder``'s temporary files named ``<prefix><pid>.*.tmp`` whose process has ended."""
+    """Remove ``folder``'s temporary files (and folders) named ``<prefix><pid>.*.tmp`` whose process has
+    ended."""
     for leftover in folder.glob(f"{glob.escape(prefix)}*.tmp"):
         pid = leftover.name[len(prefix) :].split(".", 1)[0]
         if pid.isdigit() and not _alive(int(pid)):
-            leftover.unlink(missing_ok=True)
+            if leftover.is_dir() and not leftover.is_symlink():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

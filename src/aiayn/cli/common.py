@@ -184,4 +184,6 @@ def required_checkpoint(checkpoint: str | None) -> Path:
     """``checkpoint=<path>``, which a tool that loads a model needs."""
     if not checkpoint:
         raise ValueError("checkpoint=<path to a .ckpt of aiayn-train or aiayn-average> is required")
+    if not isinstance(checkpoint, str):
+        raise ConfigError("checkpoint", checkpoint, "must be a path (a .ckpt of aiayn-train or aiayn-average)")
     return Path(checkpoint)

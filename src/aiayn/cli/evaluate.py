@@ -60,7 +60,7 @@ def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
         return Path(cfg.output_dir)
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     if checkpoint.is_dir():  # a CTranslate2 folder: beside it, not inside the model
-        return checkpoint.parent / "eval"
+        return checkpoint.resolve().parent / "eval"
     return run / "eval"
 
 
@@ -185,15 +185,17 @@ def run(cfg: DictConfig) -> None:
         scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
         folder = output_folder(cfg, checkpoint)
         folder.mkdir(parents=True, exist_ok=True)
-        engine = f".ct2-{cfg.compute_type}" if isinstance(model, EngineModel) else ""  # results of ours stay
-        stem = f"{checkpoint.stem}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
+        # The engine's results never replace ours, nor those of another arithmetic or exported folder.
+        engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
+        system = checkpoint.resolve().name if checkpoint.is_dir() else checkpoint.stem
+        stem = f"{system}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
         hyp_file = folder / f"{stem}.hyp.txt"
         atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
         report = {
             "checkpoint": str(checkpoint),
             "evaluated": name,
             "backend": "ctranslate2" if engine else "aiayn",
-            **({"compute_type": cfg.compute_type} if engine else {}),
+            **({"compute_type": model.arithmetic} if engine else {}),
             "sentences": len(source),
             "decoding": decoding.to_dict(),
             **scores,

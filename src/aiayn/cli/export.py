@@ -13,7 +13,6 @@ from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, re
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError
 from aiayn.export.checkpoint import export_checkpoint
-from aiayn.export.folder import FORMATS
 
 
 def main() -> None:
@@ -26,8 +25,6 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-export"):
         checkpoint = required_checkpoint(cfg.checkpoint)
-        if cfg.format not in FORMATS:
-            raise ConfigError("format", cfg.format, f"must be one of {', '.join(FORMATS)}")
         if not cfg.output or not isinstance(cfg.output, str):
             raise ConfigError("output", cfg.output, "must be the path of a new folder to write the model to")
         output = Path(cfg.output).expanduser()

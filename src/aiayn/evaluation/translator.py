@@ -12,7 +12,6 @@ import torch
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, whole
 from aiayn.export.ctranslate2 import EngineModel, engine_of, is_engine_folder
-from aiayn.export.folder import check_exportable
 from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
 from aiayn.training.checkpoints import load_model
 
@@ -133,8 +132,10 @@ def load_translation_model(
     format=ctranslate2``, decoded by the engine. ``compute_type`` is the engine's (int8, float32, ...)."""
     if backend not in BACKENDS:
         raise ConfigError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    if not isinstance(compute_type, str) or not compute_type:
+        raise ConfigError("compute_type", compute_type, "must be a CTranslate2 compute type (default, int8, ...)")
     path = Path(path)
-    if path.is_dir() and is_engine_folder(path):
+    if is_engine_folder(path):
         if backend == "aiayn":
             raise ConfigError(
                 "backend", backend, f"cannot decode {path}, a CTranslate2 folder; use backend=ctranslate2"
@@ -147,7 +148,6 @@ def load_translation_model(
         )
     model, tokenizer, run_config = load_model(path, device)
     if backend == "ctranslate2":
-        check_exportable(model.cfg, "ctranslate2")
         return engine_of(model, tokenizer, run_config, device, compute_type), tokenizer, run_config
     return model, tokenizer, run_config
 

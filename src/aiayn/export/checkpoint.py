@@ -7,8 +7,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import ConfigError
 from aiayn.export import ctranslate2, marian
-from aiayn.export.folder import FORMATS, check_exportable, write_folder
+from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
 from aiayn.model import Transformer
 from aiayn.training.checkpoints import load_checkpoint, load_model
 
@@ -40,15 +41,22 @@ def export_checkpoint(path: Path, target: str, output: Path, quantization: str =
     cannot represent is a :class:`~aiayn.errors.ConfigError` naming the setting, raised before anything
     is written."""
     if target not in FORMATS:
-        raise ValueError(f"format={target} must be one of {', '.join(FORMATS)}")
+        raise ConfigError("format", target, f"must be one of {', '.join(FORMATS)}")
     if target == "hf" and quantization != "float32":
-        raise ValueError(f"quantization={quantization} is for format=ctranslate2; format=hf writes float32 weights")
+        raise ConfigError("quantization", quantization, "is for format=ctranslate2; format=hf writes float32 weights")
     if target == "ctranslate2" and quantization not in ctranslate2.QUANTIZATIONS:
-        raise ValueError(f"quantization={quantization} must be one of {', '.join(ctranslate2.QUANTIZATIONS)}")
+        raise ConfigError("quantization", quantization, f"must be one of {', '.join(ctranslate2.QUANTIZATIONS)}")
+    path = Path(path)
+    if path.is_dir() and (path / PROVENANCE_FILE).is_file():
+        source = read_provenance(path).get("checkpoint")
+        raise ConfigError("checkpoint", str(path), f"is an exported model; export from its checkpoint ({source})")
+    # A missing library is said before the checkpoint is read and before any folder is made.
+    if target == "hf":
+        marian.import_transformers()
+    else:
+        ctranslate2.import_ctranslate2()
     model, tokenizer, run_config = load_model(path)
     check_exportable(model.cfg, target)
-    if target == "ctranslate2":
-        ctranslate2.import_ctranslate2()  # a missing engine is said before any folder is made
     record = provenance(path, model, run_config, target)
 
     def write(folder: Path) -> None:

@@ -15,16 +15,23 @@ engine takes one length limit per call, so sentences go in groups of one source 
 from __future__ import annotations
 
 import tempfile
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from aiayn.export.folder import PROVENANCE_FILE, TOKENIZER_FILE, check_exportable, read_provenance, write_companions
+from aiayn.export.folder import (
+    PROVENANCE_FILE,
+    TOKENIZER_FILE,
+    check_exportable,
+    length_groups,
+    read_provenance,
+    write_companions,
+)
 from aiayn.machine import available_cpus
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
+from aiayn.training.checkpoints import first_line
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "float16", "bfloat16", "int8_bfloat16")
 MODEL_FILE = "model.bin"
@@ -114,8 +121,6 @@ def write_engine_model(model: Transformer, pieces: list[str], folder: Path, quan
     """The CTranslate2 model files of ``model`` (``model.bin``, ``config.json``, the vocabulary) in
     ``folder``, weights stored as ``quantization``."""
     ctranslate2 = import_ctranslate2()
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization={quantization} must be one of {', '.join(QUANTIZATIONS)}")
 
     class SpecConverter(ctranslate2.converters.Converter):
         def _load(self) -> Any:
@@ -153,7 +158,7 @@ class EngineModel:
         threads: int | None = None,
     ) -> None:
         ctranslate2 = import_ctranslate2()
-        self.folder = Path(folder)
+        self.folder, self.compute_type = Path(folder), compute_type
         self.provenance = read_provenance(self.folder)
         try:
             self.cfg = TransformerConfig(**self.provenance["model"])
@@ -161,7 +166,14 @@ class EngineModel:
             raise ValueError(
                 f"{self.folder}: its {PROVENANCE_FILE} has a model section aiayn cannot read ({error})"
             ) from None
-        self.tokenizer = Tokenizer(self.folder / TOKENIZER_FILE)
+        try:
+            self.tokenizer = Tokenizer(self.folder / TOKENIZER_FILE)
+        except (OSError, RuntimeError) as error:  # missing, or not a sentencepiece model
+            raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} cannot be read ({first_line(error)})") from None
+        self.pieces = vocabulary(self.tokenizer)
+        if self.cfg.vocab_size != len(self.pieces) or self.pieces[EOS_ID] != "</s>":
+            raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} is not the model's tokenizer; export it again")
+        self.never = [[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]]  # as in our beam search
         device = torch.device(device)
         try:
             self.engine = ctranslate2.Translator(
@@ -171,10 +183,17 @@ class EngineModel:
                 compute_type=compute_type,
                 intra_threads=threads or available_cpus(),
             )
-        except ValueError as error:  # a compute type this device cannot run
-            raise ValueError(f"compute_type={compute_type}: {error}") from None
-        self.pieces = vocabulary(self.tokenizer)
-        self.never = [[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]]  # as in our beam search
+        except (ValueError, RuntimeError) as error:  # a truncated model.bin, a compute type or device it lacks
+            raise ValueError(
+                f"CTranslate2 cannot load {self.folder} on {device} with compute_type={compute_type} "
+                f"({first_line(error)})"
+            ) from None
+
+    @property
+    def arithmetic(self) -> str:
+        """What the engine computes in: the compute type asked for, else the weights' stored type."""
+        stored = self.provenance.get("quantization")
+        return self.compute_type if self.compute_type != "default" else stored if isinstance(stored, str) else "default"
 
     @property
     def run_config(self) -> dict[str, Any]:
@@ -185,11 +204,7 @@ class EngineModel:
     def translate_ids(self, rows: list[list[int]], options: DecodingOptions) -> list[list[int]]:
         """The best hypothesis of each source (ids without EOS), without EOS, as our beam search returns."""
         out: list[list[int]] = [[] for _ in rows]
-        order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-        for length, group in groupby(order, key=lambda i: len(rows[i])):
-            members = list(group)
-            # Ours: at most (source tokens + EOS) + offset tokens before EOS, and the decoder's table.
-            limit = min(length + 1 + options.max_len_offset, self.cfg.max_positions - 1)
+        for limit, members in length_groups(rows, options, self.cfg.max_positions):
             results = self.engine.translate_batch(
                 [[self.pieces[t] for t in rows[i]] for i in members],
                 beam_size=options.beam_size,

@@ -4,16 +4,15 @@ and how a folder is written: whole or not at all, never over another one."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError
-from aiayn.model import TransformerConfig
+from aiayn.files import atomic_folder
+from aiayn.model import DecodingOptions, TransformerConfig
 
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
 TOKENIZER_FILE = "sentencepiece.model"  # our joint BPE model, as aiayn.data.tokenizer reads it
@@ -42,6 +41,18 @@ def check_exportable(cfg: TransformerConfig, target: str) -> None:
         raise ConfigError("model.d_v", cfg.d_v, f"{why} needs d_v = d_k = {cfg.d_k}")
 
 
+def length_groups(
+    rows: list[list[int]], options: DecodingOptions, max_positions: int
+) -> Iterator[tuple[int, list[int]]]:
+    """The indices of ``rows`` (source ids without EOS) in groups of one length, shortest first, each with
+    the most tokens a translation may have before EOS: source tokens + EOS + ``options.max_len_offset``,
+    at most what the decoder's position table holds, as in :func:`aiayn.model.beam_search`. For engines
+    that take one length limit per call (``generate``, CTranslate2)."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
+    for length, group in groupby(order, key=lambda i: len(rows[i])):
+        yield min(length + 1 + options.max_len_offset, max_positions - 1), list(group)
+
+
 def write_companions(folder: Path, tokenizer: Tokenizer, provenance: dict[str, Any]) -> None:
     """Our tokenizer and :data:`PROVENANCE_FILE`: what aiayn-translate and aiayn-eval read from a folder."""
     (folder / TOKENIZER_FILE).write_bytes(tokenizer.to_bytes())
@@ -66,21 +77,10 @@ def read_provenance(folder: Path) -> dict[str, Any]:
 
 
 def write_folder(output: Path, write: Callable[[Path], None]) -> None:
-    """Run ``write(folder)`` on a new folder beside ``output``, then rename it to ``output``.
-
-    ``output`` must not exist or be an empty folder: an export never mixes its files with another
-    model's. A failed or interrupted export leaves no ``output`` behind.
-    """
+    """Run ``write(folder)`` on a new folder that becomes ``output`` only when it is whole
+    (:func:`aiayn.files.atomic_folder`): an export never mixes its files with another model's, and a
+    failed or interrupted one leaves no ``output`` behind."""
     output = Path(output)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise ConfigError("output", str(output), "already exists and is not empty; give a new folder")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
-    try:
-        write(staging)
-        if output.is_dir():
-            output.rmdir()  # empty, checked above; a folder that filled meanwhile makes this fail
-        os.rename(staging, output)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    atomic_folder(output, write)

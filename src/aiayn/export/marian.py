@@ -18,14 +18,13 @@ embeddings) is refused by :func:`~aiayn.export.folder.check_exportable` with one
 from __future__ import annotations
 
 import json
-from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.export.folder import check_exportable, write_companions
+from aiayn.export.folder import check_exportable, length_groups, write_companions
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
 from aiayn.model.positional import sinusoidal_table
 
@@ -33,6 +32,16 @@ from aiayn.model.positional import sinusoidal_table
 def model_dim_order(d_model: int) -> torch.Tensor:
     """Our model dimensions in Marian's order: the even ones (sines), then the odd ones (cosines)."""
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+def import_transformers() -> Any:
+    try:
+        import transformers
+    except ImportError:
+        raise ValueError(
+            'Hugging Face transformers is not installed: pip install "aiayn[export]" (or pip install transformers)'
+        ) from None
+    return transformers
 
 
 def marian_config(cfg: TransformerConfig) -> Any:
@@ -138,7 +147,8 @@ def to_marian(model: Transformer) -> Any:
     missing, unexpected = hf.load_state_dict(weights, strict=False)
     if unexpected or missing:
         raise RuntimeError(f"MarianMTModel weights do not match: missing {missing}, unexpected {unexpected}")
-    hf.generation_config.num_beams = 4  # §6.1
+    hf.generation_config.num_beams = 4  # §6.1; α = 0.6 in generate's own definition (see generate_ids)
+    hf.generation_config.length_penalty = 0.6
     hf.generation_config.suppress_tokens = [PAD_ID, BOS_ID]  # never generated, as in our beam search
     hf.generation_config.max_length = model.cfg.max_positions
     return hf.eval()
@@ -155,16 +165,14 @@ def generate_ids(hf: Any, rows: list[list[int]], options: DecodingOptions, token
     """
     device = next(hf.parameters()).device
     out: list[list[int]] = [[] for _ in rows]
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     special = {tokenizer.pad_id, tokenizer.eos_id}
-    for length, group in groupby(order, key=lambda i: len(rows[i])):
-        members = list(group)
+    for limit, members in length_groups(rows, options, hf.config.max_position_embeddings):
         src = torch.tensor([rows[i] + [tokenizer.eos_id] for i in members], device=device)
         found = hf.generate(
             input_ids=src,
             num_beams=options.beam_size,
             **({"length_penalty": options.alpha} if options.beam_size > 1 else {}),
-            max_new_tokens=min(length + 1 + options.max_len_offset, hf.config.max_position_embeddings - 1) + 1,
+            max_new_tokens=limit + 1,  # the last one is the forced EOS
             max_length=None,
             do_sample=False,
         )
