@@ -147,7 +147,7 @@ class EngineModel:
     """A CTranslate2 model folder written by :func:`convert`, loaded for translation.
 
     ``compute_type`` is CTranslate2's (``default``: as the weights are stored; ``int8``, ``float32``, ...),
-    ``threads`` the threads of one translation (default: the CPUs this process may use).
+    ``threads`` the CPU threads it decodes with (default: the CPUs this process may use).
     """
 
     def __init__(
@@ -175,19 +175,26 @@ class EngineModel:
             raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} is not the model's tokenizer; export it again")
         self.never = [[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]]  # as in our beam search
         device = torch.device(device)
+        # On the CPU, one worker per core, each one thread: the equal-length groups below are small
+        # batches, which a core each decodes faster than all cores one after another (RESULTS.md).
+        workers = (threads or available_cpus()) if device.type == "cpu" else 1
+        torch_threads = torch.get_num_threads()  # the engine sets the OpenMP threads both libraries share
         try:
             self.engine = ctranslate2.Translator(
                 str(self.folder),
                 device=device.type,
                 device_index=device.index or 0,
                 compute_type=compute_type,
-                intra_threads=threads or available_cpus(),
+                inter_threads=workers,
+                intra_threads=1,
             )
         except (ValueError, RuntimeError) as error:  # a truncated model.bin, a compute type or device it lacks
             raise ValueError(
                 f"CTranslate2 cannot load {self.folder} on {device} with compute_type={compute_type} "
                 f"({first_line(error)})"
             ) from None
+        finally:
+            torch.set_num_threads(torch_threads)
 
     @property
     def arithmetic(self) -> str:
@@ -203,9 +210,10 @@ class EngineModel:
 
     def translate_ids(self, rows: list[list[int]], options: DecodingOptions) -> list[list[int]]:
         """The best hypothesis of each source (ids without EOS), without EOS, as our beam search returns."""
-        out: list[list[int]] = [[] for _ in rows]
-        for limit, members in length_groups(rows, options, self.cfg.max_positions):
-            results = self.engine.translate_batch(
+        groups = list(length_groups(rows, options, self.cfg.max_positions))
+        # Every group is queued at once: the engine's workers take them in parallel.
+        pending = [
+            self.engine.translate_batch(
                 [[self.pieces[t] for t in rows[i]] for i in members],
                 beam_size=options.beam_size,
                 length_penalty=options.alpha if options.beam_size > 1 else 0.0,
@@ -213,9 +221,14 @@ class EngineModel:
                 max_input_length=0,
                 min_decoding_length=0,
                 suppress_sequences=self.never,
+                asynchronous=True,
             )
+            for limit, members in groups
+        ]
+        out: list[list[int]] = [[] for _ in rows]
+        for (_, members), results in zip(groups, pending, strict=True):
             for i, result in zip(members, results, strict=True):
-                out[i] = [self.tokenizer.sp.piece_to_id(piece) for piece in result.hypotheses[0]]
+                out[i] = [self.tokenizer.sp.piece_to_id(piece) for piece in result.result().hypotheses[0]]
         return out
 
 
