@@ -33,6 +33,23 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("aiayn-cache")
 
 
+@pytest.fixture(scope="session")
+def smoke_run_dir(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One ``debug=smoke`` run's folder (12 steps; checkpoints after steps 6 and 12, none averaged; its
+    test.hyp.txt decoded greedily, at most 3 tokens past the source: an untrained model's translations
+    run to the length limit), for the tests that read a real run's files but not train one of their own.
+    Read it, never write into it."""
+    from helpers.runs import smoke_run, train_in_process
+
+    run_dir = tmp_path_factory.mktemp("smoke") / "run"
+    fast = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert (
+            train_in_process([*smoke_run(corpus_root, cache_dir, *fast), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
+        )
+    return run_dir
+
+
 @pytest.fixture
 def wandb_offline(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """W&B as for a user without an account: offline, with its caches in a temporary folder, and

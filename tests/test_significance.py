@@ -22,7 +22,6 @@ from aiayn.cli import evaluate as evaluate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.experiments.report import write_report
 from aiayn.scoring import paired_bootstrap
-from helpers.runs import smoke_run, train_in_process
 
 pytestmark = pytest.mark.usefixtures("wandb_offline")
 
@@ -97,16 +96,10 @@ def test_the_paired_bootstrap_is_sacrebleus_and_its_difference_interval_uses_the
         paired_bootstrap([("base", baseline), ("close", close[:-1])], references)
 
 
-@pytest.fixture(scope="module")
-def smoke(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A ``debug=smoke`` run's folder (12 steps; checkpoints after steps 6 and 12; its test.hyp.txt), decoding
-    greedily and briefly: an untrained model's translations run to the length limit."""
-    run_dir = tmp_path_factory.mktemp("significance") / "run"
-    fast = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
-    argv = [*smoke_run(corpus_root, cache_dir, *fast), f"hydra.run.dir={run_dir}"]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        assert train_in_process(argv, monkeypatch) == 0
-    return run_dir
+@pytest.fixture
+def smoke(smoke_run_dir: Path) -> Path:
+    """The shared ``debug=smoke`` run (conftest's ``smoke_run_dir``)."""
+    return smoke_run_dir
 
 
 def evaluate(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[int, str]:

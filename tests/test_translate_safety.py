@@ -17,20 +17,14 @@ import pytest
 from aiayn.cli import translate as translate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.evaluation.translator import Translator, longest_piece
-from helpers.runs import smoke_run
 
 pytestmark = pytest.mark.slow  # real runs of the console scripts, seconds each
 
 
-@pytest.fixture(scope="module")
-def checkpoint(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The best checkpoint of a two-step ``debug=smoke`` run (seconds): its weights do not matter here."""
-    folder = tmp_path_factory.mktemp("translate-run")
-    overrides = ["trainer.max_steps=2", "trainer.val_check_interval=2", "checkpoint.average_last=0"]
-    command = ["aiayn-train", *smoke_run(corpus_root, folder / "cache", *overrides), f"hydra.run.dir={folder / 'run'}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder / "run" / "checkpoints" / "best.ckpt"
+@pytest.fixture
+def checkpoint(smoke_run_dir: Path) -> Path:
+    """The best checkpoint of the shared ``debug=smoke`` run: its weights do not matter here."""
+    return smoke_run_dir / "checkpoints" / "best.ckpt"
 
 
 def translate(checkpoint: Path, *overrides: str, stdin: bytes = b"") -> subprocess.CompletedProcess[bytes]:
