@@ -88,24 +88,27 @@ def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
     if cfg.norm_first:
         norm(spec.encoder.layer_norm, "encoder_norm")
         norm(spec.decoder.layer_norm, "decoder_norm")
+
+    def self_attention(target: Any, layer: str, block: str) -> None:
+        linear(target.linear[0], f"{layer}.self_attn.qkv_proj")  # CTranslate2 fuses Q, K, V as we do
+        linear(target.linear[1], f"{layer}.self_attn.out_proj")
+        norm(target.layer_norm, f"{layer}.{block}.norm")
+
+    def feed_forward(target: Any, layer: str) -> None:
+        linear(target.linear_0, f"{layer}.ffn.w1")
+        linear(target.linear_1, f"{layer}.ffn.w2")
+        norm(target.layer_norm, f"{layer}.ffn_block.norm")
+
     for i, layer in enumerate(spec.encoder.layer):
-        linear(layer.self_attention.linear[0], f"encoder.{i}.self_attn.qkv_proj")
-        linear(layer.self_attention.linear[1], f"encoder.{i}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"encoder.{i}.attn_block.norm")
-        linear(layer.ffn.linear_0, f"encoder.{i}.ffn.w1")
-        linear(layer.ffn.linear_1, f"encoder.{i}.ffn.w2")
-        norm(layer.ffn.layer_norm, f"encoder.{i}.ffn_block.norm")
+        self_attention(layer.self_attention, f"encoder.{i}", "attn_block")
+        feed_forward(layer.ffn, f"encoder.{i}")
     for i, layer in enumerate(spec.decoder.layer):
-        linear(layer.self_attention.linear[0], f"decoder.{i}.self_attn.qkv_proj")
-        linear(layer.self_attention.linear[1], f"decoder.{i}.self_attn.out_proj")
-        norm(layer.self_attention.layer_norm, f"decoder.{i}.self_block.norm")
+        self_attention(layer.self_attention, f"decoder.{i}", "self_block")
         linear(layer.attention.linear[0], f"decoder.{i}.cross_attn.q_proj")
         linear(layer.attention.linear[1], f"decoder.{i}.cross_attn.kv_proj")
         linear(layer.attention.linear[2], f"decoder.{i}.cross_attn.out_proj")
         norm(layer.attention.layer_norm, f"decoder.{i}.cross_block.norm")
-        linear(layer.ffn.linear_0, f"decoder.{i}.ffn.w1")
-        linear(layer.ffn.linear_1, f"decoder.{i}.ffn.w2")
-        norm(layer.ffn.layer_norm, f"decoder.{i}.ffn_block.norm")
+        feed_forward(layer.ffn, f"decoder.{i}")
 
     spec.register_source_vocabulary(pieces)
     spec.register_target_vocabulary(pieces)
