@@ -141,18 +141,29 @@ def load_sweep(path: Path) -> dict[str, Any]:
     return config
 
 
+def parsed_override(text: str) -> Any:
+    """``text`` parsed as one Hydra override, as the trial's command line will be; a ``ValueError`` with
+    Hydra's reason when it is not one. Both the file's parameter values and the command line's
+    overrides are checked with it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        (parsed,) = OverridesParser.create().parse_overrides([text])
+    except HydraException as error:
+        raise ValueError(str(error).strip().splitlines()[0]) from None
+    return parsed
+
+
 def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """The sweep with Hydra ``overrides`` added to the end of every trial's command, where they win over
     the file's own (``hardware=slurm hydra.launcher.partition=gpu`` for a cluster). They become part of
     the sweep's config: a folder holds the trials of one command only."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     for override in overrides:
         try:
-            (parsed,) = OverridesParser.create().parse_overrides([override])
-        except HydraException as error:
-            raise SweepError(f"{override!r} is not a Hydra override ({str(error).splitlines()[0]})") from None
+            parsed = parsed_override(override)
+        except ValueError as error:
+            raise SweepError(f"{override!r} is not a Hydra override ({error})") from None
         if parsed.is_sweep_override():
             raise SweepError(f"{override!r} is a Hydra sweep; a sweep's values belong in its file's parameters")
         if parsed.key_or_group.lstrip("+~") in config["parameters"]:
@@ -176,18 +187,14 @@ def check_metric(path: Path, config: dict[str, Any]) -> None:
 def check_parameter(path: Path, name: str, spec: dict[str, Any]) -> None:
     """A parameter must reach Hydra as one plain override: no nested parameters (they arrive as a dict),
     no YAML null (W&B passes it as "None"), and values Hydra reads as one value (``a,b`` is a sweep)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
     if "parameters" in spec:
         raise SweepError(f'{path}: parameters.{name} is nested; Hydra takes no dict: use dotted keys ("{name}.x:")')
-    parser = OverridesParser.create()
     for value in spec.get("values", [spec["value"]] if "value" in spec else []):
         if value is None:
             raise SweepError(f'{path}: parameters.{name} has a YAML null; W&B passes it as "None": write "null"')
         try:
-            (override,) = parser.parse_overrides([f"{name}={value}"])
-        except HydraException as error:
+            override = parsed_override(f"{name}={value}")
+        except ValueError as error:
             raise SweepError(f"{path}: parameters.{name}: {value!r} is not a Hydra override value ({error})") from None
         if override.is_sweep_override():
             raise SweepError(f"{path}: parameters.{name}: {value!r} reads as a Hydra sweep; quote it: \"'{value}'\"")
