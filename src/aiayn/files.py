@@ -68,6 +68,11 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
         os.close(folder)
 
 
+def holds_files(path: Path) -> bool:
+    """``path`` is a file, or a folder with something in it: not where a new folder may go."""
+    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+
+
 def atomic_folder(path: Path, write: Callable[[Path], None]) -> None:
     """Make the new folder ``path`` whole or not at all: ``write(folder)`` fills a temporary folder beside
     it (``.<name>.<host>.<pid>.<random>.tmp``, as :func:`atomic_write` names its files), which is then
@@ -75,7 +80,7 @@ def atomic_folder(path: Path, write: Callable[[Path], None]) -> None:
     :class:`FileExistsError`, and nothing is written into it. Temporary folders that writers of this
     host left when they died are removed."""
     path = Path(path)
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+    if holds_files(path):
         raise FileExistsError(f"{path} already exists and is not empty")
     path.parent.mkdir(parents=True, exist_ok=True)
     prefix = f".{path.name}.{_HOST}."

@@ -11,14 +11,15 @@ from aiayn.errors import ConfigError
 from aiayn.export import ctranslate2, marian
 from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
 from aiayn.model import Transformer
-from aiayn.training.checkpoints import load_checkpoint, load_model
+from aiayn.training.checkpoints import load_checkpoint, model_from_checkpoint
 
 
-def provenance(path: Path, model: Transformer, run_config: dict[str, Any], target: str) -> dict[str, Any]:
+def provenance(
+    path: Path, checkpoint: dict[str, Any], model: Transformer, run_config: dict[str, Any], target: str
+) -> dict[str, Any]:
     """What an exported folder records of its source: the checkpoint (path, SHA-256, step, the checkpoints
     an average was made of), the model's hyperparameters and the run's config (its corpus and
     direction, which aiayn-eval reads)."""
-    checkpoint = load_checkpoint(path, mmap=True)
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for block in iter(lambda: file.read(1 << 20), b""):
@@ -55,9 +56,10 @@ def export_checkpoint(path: Path, target: str, output: Path, quantization: str =
         marian.import_transformers()
     else:
         ctranslate2.import_ctranslate2()
-    model, tokenizer, run_config = load_model(path)
+    checkpoint = load_checkpoint(path)
+    model, tokenizer, run_config = model_from_checkpoint(checkpoint, path)
     check_exportable(model.cfg, target)
-    record = provenance(path, model, run_config, target)
+    record = provenance(path, checkpoint, model, run_config, target)
 
     def write(folder: Path) -> None:
         if target == "hf":

@@ -26,6 +26,7 @@ from aiayn.export.folder import (
     TOKENIZER_FILE,
     check_exportable,
     length_groups,
+    optional_library,
     read_provenance,
     write_companions,
 )
@@ -38,13 +39,7 @@ MODEL_FILE = "model.bin"
 
 
 def import_ctranslate2() -> Any:
-    try:
-        import ctranslate2
-    except ImportError:
-        raise ValueError(
-            'CTranslate2 is not installed: pip install "aiayn[export]" (or pip install ctranslate2)'
-        ) from None
-    return ctranslate2
+    return optional_library("ctranslate2", "CTranslate2")
 
 
 def vocabulary(tokenizer: Tokenizer) -> list[str]:

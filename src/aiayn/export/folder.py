@@ -3,6 +3,7 @@ and how a folder is written: whole or not at all, never over another one."""
 
 from __future__ import annotations
 
+import importlib
 import json
 from collections.abc import Callable, Iterator
 from itertools import groupby
@@ -11,12 +12,21 @@ from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError
-from aiayn.files import atomic_folder
+from aiayn.files import atomic_folder, holds_files
 from aiayn.model import DecodingOptions, TransformerConfig
 
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
 TOKENIZER_FILE = "sentencepiece.model"  # our joint BPE model, as aiayn.data.tokenizer reads it
 FORMATS = ("hf", "ctranslate2")
+
+
+def optional_library(module: str, what: str) -> Any:
+    """The installed ``module`` (transformers, ctranslate2: the ``export`` extra), or a one-line
+    ``ValueError`` saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ValueError(f'{what} is not installed: pip install "aiayn[export]" (or pip install {module})') from None
 
 
 def check_exportable(cfg: TransformerConfig, target: str) -> None:
@@ -81,6 +91,6 @@ def write_folder(output: Path, write: Callable[[Path], None]) -> None:
     (:func:`aiayn.files.atomic_folder`): an export never mixes its files with another model's, and a
     failed or interrupted one leaves no ``output`` behind."""
     output = Path(output)
-    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+    if holds_files(output):
         raise ConfigError("output", str(output), "already exists and is not empty; give a new folder")
     atomic_folder(output, write)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.export.folder import check_exportable, length_groups, write_companions
+from aiayn.export.folder import check_exportable, length_groups, optional_library, write_companions
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
 from aiayn.model.positional import sinusoidal_table
 
@@ -35,13 +35,7 @@ def model_dim_order(d_model: int) -> torch.Tensor:
 
 
 def import_transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise ValueError(
-            'Hugging Face transformers is not installed: pip install "aiayn[export]" (or pip install transformers)'
-        ) from None
-    return transformers
+    return optional_library("transformers", "Hugging Face transformers")
 
 
 def marian_config(cfg: TransformerConfig) -> Any:

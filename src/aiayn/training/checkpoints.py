@@ -196,7 +196,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """The model (in eval mode), its tokenizer and the run config stored in an aiayn checkpoint."""
-    checkpoint = load_checkpoint(path)
+    return model_from_checkpoint(load_checkpoint(path), path, device)
+
+
+def model_from_checkpoint(
+    checkpoint: dict[str, Any], path: Path, device: str | torch.device = "cpu"
+) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
+    """:func:`load_model`'s result from the contents of the checkpoint at ``path`` (read already)."""
     run = checkpoint.get(RUN_KEY)
     if not isinstance(run, dict) or {"config", "tokenizer"} - set(run) or "hyper_parameters" not in checkpoint:
         raise CheckpointError(
