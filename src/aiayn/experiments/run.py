@@ -40,13 +40,14 @@ from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpo
 from aiayn.training.callbacks.samples import ValidationSamples
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoints import (
-    AtomicCheckpointIO,
+    RunCheckpointIO,
     average_checkpoints,
     save_checkpoint,
     step_checkpoints,
 )
 from aiayn.training.loggers import finish_loggers, log_run_config
 from aiayn.training.module import TranslationModule
+from aiayn.training.restored_state import RestoredState
 
 
 @dataclass
@@ -135,7 +136,7 @@ def train(
             datamodule.prepare_data()
         pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
         module = TranslationModule(**module_kwargs(cfg))
-        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers)
+        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers, module)
         batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
         own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
         resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, batch_layout(trainer), own)
@@ -232,16 +233,25 @@ def run_callbacks(
 
 
 def build_trainer(
-    trainer: DictConfig, run_dir: Path, progress: str, callbacks: list[pl.Callback], loggers: list[Logger]
+    trainer: DictConfig,
+    run_dir: Path,
+    progress: str,
+    callbacks: list[pl.Callback],
+    loggers: list[Logger],
+    module: TranslationModule,
 ) -> pl.Trainer:
-    """Lightning's Trainer with the ``trainer`` section's arguments; checkpoints are written atomically
-    unless the user brings their own checkpoint input/output (cloud storage ...)."""
+    """Lightning's Trainer with the ``trainer`` section's arguments. Its checkpoints go through
+    :class:`~aiayn.training.checkpoints.RunCheckpointIO`: written atomically (unless the user brings
+    their own checkpoint input/output, for cloud storage ...), checked against ``module`` and this run
+    before anything is restored, deleted only inside ``run_dir/checkpoints``."""
     options = trainer_options(trainer)
     options.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     options.setdefault("enable_model_summary", progress != "quiet")
     plugins = list(options.pop("plugins", None) or [])
-    if not any(isinstance(plugin, CheckpointIO) for plugin in plugins):
-        plugins.append(AtomicCheckpointIO())
+    own = [plugin for plugin in plugins if isinstance(plugin, CheckpointIO)]
+    folder = run_dir / "checkpoints"
+    io = RunCheckpointIO(folder, RestoredState(folder, module), inner=own[0] if own else None)
+    plugins = [plugin for plugin in plugins if not isinstance(plugin, CheckpointIO)] + [io]
     return pl.Trainer(**options, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(run_dir))
 
 

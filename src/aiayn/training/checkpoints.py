@@ -7,19 +7,23 @@ Periodic checkpoints are named ``step<global step>.ckpt``.
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning_fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CheckpointError
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
+
+log = logging.getLogger(__name__)
 
 RUN_KEY = "aiayn"  # {"config": resolved run config, "tokenizer": serialized sentencepiece model, ...}
 OVERRIDES_KEY = "overrides"  # RUN_KEY entry: the command line's overrides, which define the run
@@ -27,6 +31,7 @@ DATA_KEY = "data_cache"  # RUN_KEY entry: the name of the data's cache entry (co
 BATCH_KEY = "batch_layout"  # RUN_KEY entry: aiayn.training.batching.batch_layout
 STEP_NAME = "step{step:07d}"  # ModelCheckpoint filename template of the periodic checkpoints
 _STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")
+_PROTOCOL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file://, local://, s3://, simplecache::s3://
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
 
@@ -182,16 +187,79 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     atomic_write(Path(path), lambda file: torch.save(checkpoint, file))
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint input/output, with :func:`save_checkpoint`'s atomic writes and
-    :func:`load_checkpoint`'s ``weights_only`` reads and clear errors."""
+class RunCheckpointIO(CheckpointIO):
+    """Lightning's checkpoint input/output for a run: :func:`save_checkpoint`'s atomic writes and
+    :func:`load_checkpoint`'s ``weights_only`` reads (or the user's own ``inner`` input/output, e.g. for
+    cloud storage), every checkpoint read passed through ``check`` before Lightning restores any of
+    it (:class:`~aiayn.training.restored_state.RestoredState`), and deletions confined to ``folder``,
+    the run's ``checkpoints/``: a checkpoint tracker (``ModelCheckpoint``) deletes through here, and
+    its list of files comes from checkpoints people share."""
+
+    def __init__(
+        self,
+        folder: Path,
+        check: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
+        inner: CheckpointIO | None = None,
+    ) -> None:
+        self.folder, self.check, self.inner = Path(folder), check, inner
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        save_checkpoint(checkpoint, Path(path))
+        if self.inner is not None:
+            self.inner.save_checkpoint(checkpoint, path, storage_options)
+        else:
+            save_checkpoint(checkpoint, Path(path))
 
     def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
         # Lightning's strategies pass no map_location: tensors load on the CPU, then move with the module.
-        return load_checkpoint(Path(path))
+        if self.inner is not None:
+            checkpoint = self.inner.load_checkpoint(path, map_location, weights_only=True)
+        else:
+            checkpoint = load_checkpoint(Path(path))
+        return self.check(checkpoint, Path(path)) if self.check is not None else checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        remove_plain_file(path, self.folder)
+
+    def teardown(self) -> None:
+        if self.inner is not None:
+            self.inner.teardown()
+
+
+def remove_plain_file(path: Any, folder: Path) -> bool:
+    """Delete ``path`` when it is a plain file (not a link, not a folder) directly inside ``folder``,
+    named without a protocol or ``..``: never recursively, never through fsspec. Anything else is
+    refused and logged. Whether it was deleted."""
+    if not directly_inside(path, folder):
+        log.warning("refused to delete %r: only plain files directly inside %s are deleted", path, folder)
+        return False
+    target = Path(os.fspath(path))
+    if target.is_symlink() or (target.exists() and not target.is_file()):
+        log.warning("refused to delete %s: not a plain file", target)
+        return False
+    if not target.exists():
+        return False
+    try:
+        target.unlink()
+    except OSError as error:
+        log.warning("could not delete %s: %s", target, error)
+        return False
+    return True
+
+
+def directly_inside(path: Any, folder: Path) -> bool:
+    """Whether ``path`` names, after every link is followed, an entry directly inside ``folder``, and
+    names it plainly: a local path without a protocol (``local://``, ``s3://``, ``simplecache::``) or ``..``."""
+    if not isinstance(path, str | os.PathLike):
+        return False
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\x00" in text or _PROTOCOL.match(text) or "::" in text:
+        return False
+    if ".." in Path(text).parts:
+        return False
+    try:
+        return Path(text).resolve().parent == Path(folder).resolve()
+    except (OSError, RuntimeError):  # a link loop
+        return False
 
 
 def load_model(path: Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict[str, Any]]:

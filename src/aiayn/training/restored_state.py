@@ -1,0 +1,455 @@
+"""What a checkpoint may restore into a run, checked before Lightning applies any of it.
+
+Loaded with ``weights_only=True`` a checkpoint runs no code, but its plain data still steers what
+Lightning does next: a ``ModelCheckpoint`` state names the files its tracker deletes when a better one
+comes, loop counters pick the batches, optimizer groups pick the update rule, a version string picks
+the migrations. People share checkpoints, so every part that reaches Lightning is checked here against
+what aiayn itself writes:
+
+- the weights, the optimizer and the schedule against this run's own module and optimizer (names,
+  shapes, group sizes, Adam's switches);
+- the loop counters against the trainer's own loops (the same keys, whole numbers in range);
+- the callback states of aiayn's callbacks against what they save, and the checkpoint trackers' paths
+  against the run's own ``checkpoints/`` folder: a tracker that names anything else is dropped, and so
+  is every tracker of a checkpoint from another folder (it continues weights, optimizer moments,
+  schedule position, data position and random state, never another folder's bookkeeping).
+
+A part that is not aiayn's shape ends the run in one line (:class:`~aiayn.errors.CheckpointError`
+naming the file and the field); a tracker that points elsewhere is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytorch_lightning as pl
+import torch
+from packaging.version import InvalidVersion, Version
+from pytorch_lightning.callbacks import ModelCheckpoint, Timer
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from aiayn.errors import CheckpointError, is_number, whole
+from aiayn.training.callbacks.faults import NonFiniteGuard
+from aiayn.training.callbacks.run_state import RandomState
+from aiayn.training.callbacks.throughput import TokenThroughput
+from aiayn.training.checkpoints import RUN_KEY, directly_inside, remove_plain_file
+
+log = logging.getLogger(__name__)
+
+COUNT_LIMIT = 2**53  # counters (steps, batches, tokens) beyond this are not a run's: floats lose them
+# The top-level entries aiayn-train and aiayn-average write; anything else reaches user hooks unchecked.
+TOP_LEVEL = (
+    "epoch",
+    "global_step",
+    "pytorch-lightning_version",
+    "state_dict",
+    "loops",
+    "callbacks",
+    "optimizer_states",
+    "lr_schedulers",
+    "hparams_name",
+    "hyper_parameters",
+    RUN_KEY,
+    "averaged_from",
+    "MixedPrecision",
+)
+TRACKER_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+TRACKER_KEYS = ("monitor", "best_model_score", "current_score", "dirpath", "best_k_models", "kth_value", *TRACKER_PATHS)
+# Adam's switches that change the update rule: a checkpoint must hold aiayn's values (it writes no others).
+ADAM_RULE = ("weight_decay", "amsgrad", "maximize", "decoupled_weight_decay")
+SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+class RestoredState:
+    """The check of every checkpoint a run's trainer loads: ``folder`` is the run's ``checkpoints/``
+    folder, ``module`` the run's :class:`~aiayn.training.module.TranslationModule` (attached to its
+    trainer by the time Lightning loads a checkpoint)."""
+
+    def __init__(self, folder: Path, module: pl.LightningModule) -> None:
+        self.folder, self.module = Path(folder), module
+
+    def __call__(self, checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
+        """``checkpoint`` (loaded from ``path``) as it may be restored: checked, foreign parts dropped."""
+        field = Fields(path)
+        for key in [key for key in checkpoint if key not in TOP_LEVEL]:
+            log.warning("checkpoint %s: ignored its entry %r, which aiayn does not write", path, key)
+            del checkpoint[key]
+        version = checkpoint.get("pytorch-lightning_version")
+        try:  # Lightning migrates by this version: a foreign one would run migrations on foreign data
+            if not isinstance(version, str) or Version(version) < Version("2.0"):
+                raise InvalidVersion(version)
+        except InvalidVersion:
+            raise field.error("pytorch-lightning_version", version, "is not a Lightning 2 version") from None
+        for key in ("epoch", "global_step"):
+            field.count(key, checkpoint.get(key, 0))
+        self._check_weights(checkpoint, field)
+        if "loops" in checkpoint:
+            _check_loops(checkpoint["loops"], self.trainer, field)
+        if "optimizer_states" in checkpoint or "lr_schedulers" in checkpoint:
+            self._check_optimization(checkpoint, field)
+        if "callbacks" in checkpoint:
+            checkpoint["callbacks"] = self._checked_callbacks(checkpoint["callbacks"], path, field)
+        if "MixedPrecision" in checkpoint:
+            _check_scaler(checkpoint["MixedPrecision"], field)
+        return checkpoint
+
+    @property
+    def trainer(self) -> pl.Trainer:
+        return self.module.trainer
+
+    # -- weights, optimizer, schedule -------------------------------------------------------------
+    def _check_weights(self, checkpoint: dict[str, Any], field: Fields) -> None:
+        weights = field.mapping("state_dict", checkpoint.get("state_dict"))
+        own = self.module.state_dict()
+        for name in sorted(set(own) ^ set(weights), key=str):
+            raise field.error(
+                f"state_dict[{name!r}]",
+                "present" if name in weights else "missing",
+                "differs from this run's model (another model or not an aiayn checkpoint)",
+            )
+        for name, tensor in weights.items():
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != own[name].shape:
+                shape = tuple(tensor.shape) if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+                raise field.error(f"state_dict[{name!r}]", shape, f"is not this run's shape {tuple(own[name].shape)}")
+
+    def _check_optimization(self, checkpoint: dict[str, Any], field: Fields) -> None:
+        """Against a fresh optimizer and schedule of this module: the same groups and parameters, Adam's
+        rule unchanged; the switches that only pick an implementation (fused, foreach ...) become this
+        run's. The settings (learning rate, betas, eps, the schedule) are this run's anyway
+        (:meth:`~aiayn.training.module.TranslationModule.on_load_checkpoint`)."""
+        fresh = self.module.configure_optimizers()
+        optimizer, scheduler = fresh["optimizer"], fresh["lr_scheduler"]["scheduler"]
+        expected = optimizer.state_dict()["param_groups"]
+        states = field.sequence("optimizer_states", checkpoint.get("optimizer_states", []), length=1)
+        parameters = [p for group in optimizer.param_groups for p in group["params"]]
+        for i, state in enumerate(states):
+            state = field.mapping(f"optimizer_states[{i}]", state, keys=("state", "param_groups"))
+            groups = field.sequence(f"optimizer_states[{i}].param_groups", state["param_groups"], len(expected))
+            for j, (group, own) in enumerate(zip(groups, expected, strict=True)):
+                name = f"optimizer_states[{i}].param_groups[{j}]"
+                group = field.mapping(name, group, keys=tuple(own))
+                for key in ADAM_RULE:
+                    if group[key] != own[key] or type(group[key]) is not type(own[key]):
+                        raise field.error(f"{name}.{key}", group[key], f"is not aiayn's ({own[key]})")
+                if group["params"] != own["params"]:
+                    raise field.error(
+                        f"{name}.params",
+                        f"{len(field.sequence(f'{name}.params', group['params']))} entries",
+                        f"are not this model's {len(own['params'])} parameters",
+                    )
+                for key in ("lr", "initial_lr", "eps"):
+                    field.number(f"{name}.{key}", group[key])
+                group.update({key: value for key, value in own.items() if key not in (*ADAM_RULE, "lr", "params")})
+            moments = field.mapping(f"optimizer_states[{i}].state", state["state"])
+            for index, moment in moments.items():
+                if not whole(index, 0) or index >= len(parameters):
+                    raise field.error(f"optimizer_states[{i}].state", index, "is not a parameter of this model")
+                moment = field.mapping(
+                    f"optimizer_states[{i}].state[{index}]", moment, keys=("step", "exp_avg", "exp_avg_sq")
+                )
+                for key in ("exp_avg", "exp_avg_sq"):
+                    if not isinstance(moment[key], torch.Tensor) or moment[key].shape != parameters[index].shape:
+                        raise field.error(
+                            f"optimizer_states[{i}].state[{index}].{key}",
+                            _shape(moment[key]),
+                            f"is not its parameter's shape {tuple(parameters[index].shape)}",
+                        )
+                step = moment["step"]
+                if not isinstance(step, torch.Tensor) or step.numel() != 1 or not 0 <= float(step) < COUNT_LIMIT:
+                    raise field.error(f"optimizer_states[{i}].state[{index}].step", _shape(step), "is not a step count")
+        own_schedule = scheduler.state_dict()
+        schedules = field.sequence("lr_schedulers", checkpoint.get("lr_schedulers", []), length=1)
+        for i, schedule in enumerate(schedules):
+            schedule = field.mapping(f"lr_schedulers[{i}]", schedule, keys=tuple(own_schedule))
+            field.count(f"lr_schedulers[{i}].last_epoch", schedule["last_epoch"])
+            field.count(f"lr_schedulers[{i}]._step_count", schedule["_step_count"])
+            field.sequence(f"lr_schedulers[{i}].lr_lambdas", schedule["lr_lambdas"], len(own_schedule["lr_lambdas"]))
+            # Settings, not position: this run's (base_lrs multiplies every learning rate of the schedule).
+            schedule.update(
+                {
+                    key: own_schedule[key]
+                    for key in ("base_lrs", "_is_initial", "_get_lr_called_within_step")
+                    if key in own_schedule
+                }
+            )
+
+    # -- callbacks ------------------------------------------------------------------------------
+    def _checked_callbacks(self, states: Any, path: Path, field: Fields) -> dict[str, Any]:
+        states = field.mapping("callbacks", states)
+        live = {callback.state_key: callback for callback in self.trainer.callbacks}
+        own_folder = directly_inside(path, self.folder)
+        kept: dict[str, Any] = {}
+        for key, state in states.items():
+            callback = live.get(key)
+            name = f"callbacks[{key!r}]"
+            if callback is None:
+                log.warning("checkpoint %s: ignored the state of %s, not a callback of this run", path, _short(key))
+            elif isinstance(callback, ModelCheckpoint):
+                if not own_folder:
+                    log.warning(
+                        "checkpoint %s lies outside this run's %s: its checkpoint tracker %s starts afresh here",
+                        path,
+                        self.folder,
+                        callback.monitor,
+                    )
+                elif (tracker := self._checked_tracker(state, callback, name, path, field)) is not None:
+                    kept[key] = tracker
+            else:
+                kept[key] = self._checked_callback_state(callback, state, name, path, field)
+                if kept[key] is None:
+                    del kept[key]
+        return kept
+
+    def _checked_tracker(
+        self, state: Any, callback: ModelCheckpoint, name: str, path: Path, field: Fields
+    ) -> dict[str, Any] | None:
+        """A ``ModelCheckpoint`` state whose every path is a file directly in this run's folder, its
+        scores numbers; trimmed to this run's ``save_top_k`` (``checkpoint.keep_last`` may have
+        shrunk: the files of the dropped entries are deleted, or they would pile up untracked)."""
+        state = field.mapping(name, state)
+        if set(state) - set(TRACKER_KEYS) or state.get("monitor") != callback.monitor:
+            log.warning("checkpoint %s: dropped %s, not a tracker aiayn writes", path, name)
+            return None
+        paths = [(key, state.get(key, "")) for key in TRACKER_PATHS]
+        scores = field.mapping(f"{name}.best_k_models", state.get("best_k_models", {}))
+        paths += [("best_k_models", key) for key in scores]
+        if "dirpath" in state and not (
+            isinstance(state["dirpath"], str) and _same_folder(state["dirpath"], self.folder)
+        ):
+            log.warning(
+                "checkpoint %s: dropped %s, whose dirpath %s is not %s",
+                path,
+                name,
+                _short(state["dirpath"]),
+                self.folder,
+            )
+            return None
+        for key, value in paths:
+            if value != "" and not (isinstance(value, str) and directly_inside(value, self.folder)):
+                log.warning(
+                    "checkpoint %s: dropped %s, whose %s %s is not a file of %s",
+                    path,
+                    name,
+                    key,
+                    _short(value),
+                    self.folder,
+                )
+                return None
+        for key in ("best_model_score", "current_score", "kth_value"):
+            _score(field, f"{name}.{key}", state.get(key))
+        for key, score in scores.items():
+            _score(field, f"{name}.best_k_models[{key!r}]", score, allow_none=False)
+        return _trimmed(state, scores, callback, path, self.folder)
+
+    def _checked_callback_state(
+        self, callback: pl.Callback, state: Any, name: str, path: Path, field: Fields
+    ) -> dict[str, Any] | None:
+        world = max(self.trainer.world_size, 1)
+        if isinstance(callback, RandomState):
+            for i, share in enumerate(_shares(field, name, state, world)):
+                _check_random_state(field, f"{name}.ranks[{i}]", share)
+        elif isinstance(callback, TokenThroughput):
+            for i, share in enumerate(_shares(field, name, state, world)):
+                share = field.mapping(f"{name}.ranks[{i}]", share, keys=("tokens", "seconds"))
+                field.count(f"{name}.ranks[{i}].tokens", share["tokens"])
+                field.number(f"{name}.ranks[{i}].seconds", share["seconds"], minimum=0)
+        elif isinstance(callback, NonFiniteGuard):
+            state = field.mapping(name, state, keys=("skipped", "overflows", "in_a_row"))
+            for key in state:
+                field.count(f"{name}.{key}", state[key])
+        elif isinstance(callback, Timer):  # trainer.max_time: a negative or foreign offset would move the limit
+            elapsed = field.mapping(f"{name}.time_elapsed", field.mapping(name, state).get("time_elapsed", {}))
+            for stage, seconds in elapsed.items():
+                field.number(f"{name}.time_elapsed[{stage!r}]", seconds, minimum=0)
+        elif not _plain(state):
+            log.warning("checkpoint %s: dropped %s, which holds paths or objects aiayn does not write", path, name)
+            return None
+        return state
+
+
+class Fields:
+    """The checks of one checkpoint's fields; each failure is one line naming the file and the field."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def error(self, field: str, value: Any, allowed: str) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {self.path}: {field}={_short(value)} {allowed}; it is not a checkpoint aiayn-train "
+            "writes, so it is not resumed"
+        )
+
+    def mapping(self, field: str, value: Any, keys: tuple[str, ...] | None = None) -> dict[Any, Any]:
+        """``value``, a dict; with ``keys``, exactly those."""
+        if not isinstance(value, dict):
+            raise self.error(field, type(value).__name__, "is not a mapping")
+        if keys is not None and set(value) != set(keys):
+            odd = sorted(map(str, set(value) ^ set(keys)))[0]
+            raise self.error(
+                f"{field}.{odd}",
+                "present" if odd in map(str, value) else "missing",
+                "differs from what aiayn writes there",
+            )
+        return value
+
+    def sequence(self, field: str, value: Any, length: int | None = None) -> list[Any] | tuple[Any, ...]:
+        if not isinstance(value, list | tuple):
+            raise self.error(field, type(value).__name__, "is not a list")
+        if length is not None and len(value) != length:
+            raise self.error(field, f"{len(value)} entries", f"is not this run's {length}")
+        return value
+
+    def count(self, field: str, value: Any) -> int:
+        if not whole(value, 0) or value >= COUNT_LIMIT:
+            raise self.error(field, value, f"is not a whole number in [0, {COUNT_LIMIT})")
+        return value
+
+    def number(self, field: str, value: Any, minimum: float | None = None) -> float:
+        if not is_number(value) or (minimum is not None and value < minimum):
+            raise self.error(field, value, "is not a finite number" + (f" >= {minimum}" if minimum is not None else ""))
+        return value
+
+
+def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:
+    """The loops' progress: the keys this trainer's loops have, whole numbers (flags: booleans); the
+    loader's position (``combined_loader``) as the sampler saves it. Extra entries are dropped."""
+    own = {
+        name: getattr(trainer, name).state_dict() for name in ("fit_loop", "validate_loop", "test_loop", "predict_loop")
+    }
+    _check_like(field.mapping("loops", loops), own, "loops", field)
+    fit_state = loops["fit_loop"]["state_dict"]
+    if "combined_loader" in fit_state:  # saved by the training loader (aiayn.data.sampler)
+        loaders = field.sequence("loops.fit_loop.state_dict.combined_loader", fit_state["combined_loader"], length=1)
+        for i, loader in enumerate(loaders):
+            name = f"loops.fit_loop.state_dict.combined_loader[{i}]"
+            for key, value in field.mapping(name, loader).items():
+                if not isinstance(key, str) or not whole(value, 0) or value >= COUNT_LIMIT:
+                    raise field.error(f"{name}.{_short(key)}", value, f"is not a whole number in [0, {COUNT_LIMIT})")
+
+
+def _check_like(value: Any, own: Any, name: str, field: Fields) -> None:
+    if isinstance(own, dict):
+        value = field.mapping(name, value)
+        for key in own.keys() - value.keys():
+            raise field.error(f"{name}.{key}", "missing", "is in every checkpoint of this Lightning version")
+        for key in [key for key in value if key not in own and key != "combined_loader"]:
+            del value[key]
+        for key, entry in own.items():
+            _check_like(value[key], entry, f"{name}.{key}", field)
+    elif isinstance(own, bool):
+        if not isinstance(value, bool):
+            raise field.error(name, value, "is not true or false")
+    elif isinstance(own, int):
+        field.count(name, value)
+
+
+def _check_random_state(field: Fields, name: str, share: Any) -> None:
+    """The generators' states as :class:`RandomState` saves them, tried on scratch generators (each
+    library checks its own format) before the run's are set."""
+    share = field.mapping(name, share)
+    if set(share) - {"torch", "numpy", "python", "cuda"} or {"torch", "numpy", "python"} - set(share):
+        raise field.error(name, sorted(map(str, share)), "are not the generators RandomState saves")
+    try:
+        torch.Generator().set_state(share["torch"])
+        numpy = field.mapping(f"{name}.numpy", share["numpy"], keys=("keys", "rest"))
+        position, has_gauss, gauss = field.sequence(f"{name}.numpy.rest", numpy["rest"], length=3)
+        keys = numpy["keys"]
+        if not isinstance(keys, torch.Tensor) or keys.shape != (624,) or not whole(position, 0):
+            raise ValueError("numpy.keys")
+        np.random.RandomState().set_state(("MT19937", keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+        version, internal, gauss_next = field.sequence(f"{name}.python", share["python"], length=3)
+        random.Random().setstate((version, tuple(field.sequence(f"{name}.python[1]", internal)), gauss_next))
+        if "cuda" in share and not (isinstance(share["cuda"], torch.Tensor) and share["cuda"].dtype == torch.uint8):
+            raise ValueError("cuda")
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        raise field.error(name, _short(error), "is not a generator state") from None
+
+
+def _check_scaler(state: Any, field: Fields) -> None:
+    """The fp16 gradient scaler's state: positive finite numbers (a zero or NaN scale breaks every step)."""
+    state = field.mapping("MixedPrecision", state)
+    for key, value in state.items():
+        if key not in SCALER_KEYS:
+            raise field.error(f"MixedPrecision.{_short(key)}", "present", "is not a gradient scaler setting")
+        if key == "_growth_tracker":
+            field.count(f"MixedPrecision.{key}", value)
+        elif not is_number(value) or value <= 0:
+            raise field.error(f"MixedPrecision.{key}", value, "is not a finite number > 0")
+
+
+def _shares(field: Fields, name: str, state: Any, world: int) -> list[Any] | tuple[Any, ...]:
+    """The per-rank list of a state saved by :func:`~aiayn.training.distributed.gathered_from_ranks`."""
+    shares = field.sequence(f"{name}.ranks", field.mapping(name, state, keys=("ranks",))["ranks"])
+    if not 1 <= len(shares) <= max(world, 1024):
+        raise field.error(f"{name}.ranks", f"{len(shares)} entries", "is not one per training process")
+    return shares
+
+
+def _score(field: Fields, name: str, value: Any, allow_none: bool = True) -> None:
+    """A tracker's score: one number, not NaN (±inf is a tracker's start, before any score)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.isnan().any():
+        return
+    if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+        return
+    raise field.error(name, _shape(value) if isinstance(value, torch.Tensor) else value, "is not a score")
+
+
+def _trimmed(
+    state: dict[str, Any], scores: dict[str, Any], callback: ModelCheckpoint, path: Path, folder: Path
+) -> dict[str, Any]:
+    keep = callback.save_top_k
+    if keep < 0 or len(scores) <= keep:
+        return state
+    ranked = sorted(scores, key=lambda name: float(scores[name]), reverse=callback.mode == "max")
+    kept, dropped = ranked[:keep], ranked[keep:]
+    state["best_k_models"] = {name: scores[name] for name in kept}
+    if kept:
+        state["kth_best_model_path"], state["kth_value"] = kept[-1], scores[kept[-1]]
+    if rank_zero_only.rank == 0:
+        for name in dropped:
+            remove_plain_file(name, folder)
+        log.warning(
+            "checkpoint %s kept %d checkpoints by %s, this run keeps %d: removed %s",
+            path,
+            len(scores),
+            callback.monitor,
+            keep,
+            ", ".join(Path(name).name for name in dropped),
+        )
+    return state
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Only numbers, flags, tensors and short words: no paths, no protocols, no deep nesting."""
+    if depth > 8:
+        return False
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, str):
+        return len(value) <= 200 and not re.search(r"[/\\:]|\.\.", value)
+    return value is None or isinstance(value, bool | int | float | torch.Tensor)
+
+
+def _same_folder(path: str, folder: Path) -> bool:
+    """Whether ``path`` names ``folder`` itself, plainly (see :func:`directly_inside`)."""
+    return directly_inside(Path(path) / "x", folder) if path else False
+
+
+def _shape(value: Any) -> Any:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _short(value: Any) -> str:
+    """A value as one short line, whatever it holds."""
+    text = repr(value) if not isinstance(value, str) else value
+    text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= 80 else text[:77] + "..."
