@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,18 +63,42 @@ def test_checkpoints_of_different_models_are_not_averaged(tmp_path: Path) -> Non
         average_checkpoints([tmp_path / "broken.ckpt"])
 
 
-def test_only_checkpoints_of_one_model_are_averaged_each_once(tmp_path: Path) -> None:
+def run_of(seed: int, src: str = "en", tgt: str = "de", corpus: str = "multi30k-de-en-bpe1000-abc") -> dict:
+    return {"tokenizer": b"bpe-1", "data_cache": corpus, "config": {"seed": seed, "data": {"src_lang": src,
+            "tgt_lang": tgt}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda c: c["aiayn"].update(tokenizer=b"bpe-2"), "another tokenizer"),
+        (lambda c: c.update(hyper_parameters={"model": {"d_model": 8}}), "another model hyperparameters"),
+        (lambda c: c["aiayn"]["config"]["data"].update(src_lang="de", tgt_lang="en"), "data.src_lang=de (not en)"),
+        (lambda c: c["aiayn"].update(data_cache="wmt14-de-en-bpe1000-def"), "another corpus"),
+        (lambda c: c["aiayn"]["config"].update(seed=2), "seed=2 (not 1); pass --across-seeds"),
+    ],
+)
+def test_only_checkpoints_of_one_run_are_averaged_each_once(
+    tmp_path: Path, change: Callable[[dict], None], named: str, capsys: pytest.CaptureFixture
+) -> None:
     first, other = fake_checkpoint(1, 1), fake_checkpoint(2, 2)
-    first["aiayn"], other["aiayn"] = {"tokenizer": b"bpe-1"}, {"tokenizer": b"bpe-2"}
+    first["aiayn"], other["aiayn"] = run_of(1), run_of(1)
+    change(other)
     torch.save(first, tmp_path / "a.ckpt")
     torch.save(other, tmp_path / "b.ckpt")
-    with pytest.raises(CheckpointError, match="another tokenizer"):
-        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
-    other["aiayn"] = first["aiayn"]
-    other["hyper_parameters"] = {"model": {"d_model": 8}}
-    torch.save(other, tmp_path / "b.ckpt")
-    with pytest.raises(CheckpointError, match="other model hyperparameters"):
-        average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"])
+    with pytest.raises(SystemExit) as stopped:
+        average_main([str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt"), "-o", str(tmp_path / "avg.ckpt")])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(error) == 1 and "b.ckpt is of another run" in error[0], error
+    assert named in error[0] and not (tmp_path / "avg.ckpt").exists()
+    seeds_only = "seed" in named
+    if seeds_only:  # said explicitly, seeds may be averaged; nothing else may
+        average_main([str(tmp_path / "a.ckpt"), str(tmp_path / "b.ckpt"), "-o", str(tmp_path / "avg.ckpt"),
+                      "--across-seeds"])  # fmt: skip
+        assert (tmp_path / "avg.ckpt").is_file()
+    else:
+        with pytest.raises(CheckpointError, match="another run"):
+            average_checkpoints([tmp_path / "a.ckpt", tmp_path / "b.ckpt"], across_seeds=True)
     with pytest.raises(CheckpointError, match="listed twice"):
         average_checkpoints([tmp_path / "a.ckpt", tmp_path / ".." / tmp_path.name / "a.ckpt"])
 

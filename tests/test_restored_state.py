@@ -208,6 +208,22 @@ def test_a_tracker_naming_anything_but_a_file_of_the_run_is_dropped(
     assert STEPS not in restorer(moved, path)["callbacks"]
 
 
+def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
+    smoke_run_dir: Path,
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """The cache entry's name matches, the bytes do not: its ids would mean other pieces."""
+    run = copy_of(smoke_run_dir, tmp_path)
+    path = poisoned(run, lambda c: c["aiayn"].update(tokenizer=c["aiayn"]["tokenizer"] + b"\x00"))
+    assert resume(run, corpus_root, cache_dir, monkeypatch) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"checkpoint {path} holds another tokenizer" in error[0], error
+
+
 def test_deletion_removes_only_plain_files_directly_inside_the_folder(tmp_path: Path) -> None:
     folder = tmp_path / "run" / "checkpoints"
     folder.mkdir(parents=True)

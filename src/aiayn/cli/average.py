@@ -21,6 +21,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--last", "-n", type=int, default=5, help="with a run folder: how many newest (default 5)")
     parser.add_argument("--output", "-o", type=Path, help="default: <run>/checkpoints/averaged-last<N>.ckpt")
+    parser.add_argument(
+        "--across-seeds",
+        action="store_true",
+        help="average checkpoints of runs that differ only in their seed (otherwise refused: one run's only)",
+    )
     return parser.parse_args(argv)
 
 
@@ -48,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
             output = args.output
         if output.exists() and any(same_file(output, path) for path in paths):
             raise CheckpointError(f"--output {output} is one of the inputs; write the average to a new file")
-        save_checkpoint(average_checkpoints(paths), output)
+        save_checkpoint(average_checkpoints(paths, args.across_seeds), output)
     print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}")
 
 

@@ -33,9 +33,9 @@ from aiayn.training.checkpoints import (
     BATCH_KEY,
     DATA_KEY,
     OVERRIDES_KEY,
-    RUN_KEY,
     check_resumable,
     load_checkpoint,
+    run_entry,
     step_checkpoints,
 )
 from aiayn.training.loggers import METRICS_CSV, drop_metrics_from
@@ -58,12 +58,14 @@ def resume_from(
     data_cache: str,
     batch: Mapping[str, int],
     own_overrides: Sequence[str] | None = None,
+    tokenizer: bytes | None = None,
 ) -> Path | None:
     """The checkpoint to continue from, checked: ``requested`` when it is a path; else the run folder's own
     ``last.ckpt`` (``resume=true`` chose the folder of the latest idle run; a requeued job or a trial run
     again continues its folder by itself), which ``resume=true`` requires. ``resume=false`` starts afresh,
     which a folder that holds a run refuses. ``config`` is this run's resolved config and ``data_cache``
-    the name of its data's cache entry, ``batch`` its :func:`~aiayn.training.batching.batch_layout`. A
+    the name of its data's cache entry (``tokenizer`` the bytes of the entry's model, compared with the
+    checkpoint's own), ``batch`` its :func:`~aiayn.training.batching.batch_layout`. A
     job of a multirun or a sweep gives its ``own_overrides``: its folder continues by itself only the run
     of those."""
     path = requested_checkpoint(requested, run_dir)
@@ -71,10 +73,15 @@ def resume_from(
         continue_at(run_dir, None, 0)
         return None
     stored = check_resumable(path)
-    run = stored.get(RUN_KEY, {})
+    run = run_entry(stored, path)
     if requested is None and own_overrides is not None:
         check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
-    check_same_training(path, run.get("config", {}), config, run.get(DATA_KEY), data_cache)
+    check_same_training(path, run.get("config") or {}, config, run.get(DATA_KEY), data_cache)
+    if tokenizer is not None and run.get("tokenizer") not in (None, tokenizer):
+        raise CheckpointError(
+            f"checkpoint {path} holds another tokenizer than this run's data cache {data_cache}: its ids mean other "
+            "pieces, so a resumed run cannot use them; resume on the data it was trained on or start a new run"
+        )
     check_same_batches(path, run.get(BATCH_KEY), batch)
     continue_at(run_dir, path, stored.get("global_step", 0))
     return path

@@ -69,7 +69,7 @@ class RunResults:
     evaluated_checkpoint: str  # relative to the run folder, unless it lies in the folder of a resumed run
     best_checkpoint: str
     resumed_from: str | None
-    test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, sacrebleu_signature
+    test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, test_sentences, sacrebleu_signature
     averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
@@ -139,7 +139,9 @@ def train(
         trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers, module)
         batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
         own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
-        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder().name, batch_layout(trainer), own)
+        spm = datamodule.cache_folder() / "spm.model"
+        tokenizer = spm.read_bytes() if spm.is_file() else None
+        resume = resume_from(cfg.resume, run_dir, resolved, spm.parent.name, batch_layout(trainer), own, tokenizer)
         run_dir.mkdir(parents=True, exist_ok=True)
         if trainer.is_global_zero:
             atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
@@ -295,6 +297,7 @@ def test_checkpoint(
         "test_chrf": scores["chrf"],
         "test_ppl": test["test/ppl"],
         "test_split": datamodule.split_names["test"],
+        "test_sentences": len(datamodule.references["test"]),  # fewer than the split's with data.eval_limit
         "sacrebleu_signature": scores["sacrebleu_signature"],
     }
 

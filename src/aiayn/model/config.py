@@ -39,6 +39,8 @@ class TransformerConfig:
             value = getattr(self, key)
             if not whole(value, 1):
                 raise FieldError(key, value, "must be a positive whole number")
+        if not whole(self.pad_id, 0) or self.pad_id >= self.vocab_size:
+            raise FieldError("pad_id", self.pad_id, f"must be a token id in [0, vocab_size={self.vocab_size})")
         for key in ("dropout", "attn_dropout"):
             value = getattr(self, key)
             if not is_number(value) or not 0.0 <= value < 1.0:

@@ -19,9 +19,10 @@ import torch
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import CheckpointError
+from aiayn.errors import CheckpointError, FieldError, show, whole
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
+from aiayn.model.weights import check_weights
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,28 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     return checkpoint
 
 
+def run_entry(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The checkpoint's :data:`RUN_KEY` entry with each part of the type aiayn writes (a mapping of
+    its config, the tokenizer's bytes, the overrides, the cache entry's name, the batch layout);
+    a shared file's other types end in one line naming the field."""
+    run = checkpoint.get(RUN_KEY, {})
+    types = {"config": dict, "tokenizer": bytes, OVERRIDES_KEY: list, DATA_KEY: str, BATCH_KEY: dict}
+    if not isinstance(run, dict):
+        raise CheckpointError(f"checkpoint {path}: {RUN_KEY}={type(run).__name__} is not the mapping aiayn writes")
+    for key, kind in types.items():
+        if run.get(key) is not None and not isinstance(run[key], kind):
+            raise CheckpointError(
+                f"checkpoint {path}: {RUN_KEY}.{key}={type(run[key]).__name__} is not the {kind.__name__} aiayn writes"
+            )
+    if any(not isinstance(item, str) for item in run.get(OVERRIDES_KEY) or []):
+        raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.{OVERRIDES_KEY} holds other things than overrides")
+    if any(not isinstance(k, str) or not whole(v, 0) for k, v in (run.get(BATCH_KEY) or {}).items()):
+        raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.{BATCH_KEY} holds other things than whole numbers")
+    if any(not isinstance(key, str) for key in run.get("config") or {}):
+        raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.config has keys that are not names")
+    return run
+
+
 def first_line(error: BaseException) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
@@ -95,6 +118,10 @@ def check_resumable(path: Path) -> dict[str, Any]:
             f"checkpoint {path} has no training state ({', '.join(missing)}): it cannot be resumed "
             "(an averaged checkpoint is for aiayn-eval and aiayn-translate)"
         )
+    step = checkpoint.get("global_step", 0)
+    if not whole(step, 0):
+        raise CheckpointError(f"checkpoint {path}: global_step={step!r:.40} is not a whole number of steps")
+    run_entry(checkpoint, path)
     return checkpoint
 
 
@@ -110,12 +137,13 @@ def earlier_checkpoints(path: Path) -> str:
     return "no other checkpoint of the run is readable: start the run again"
 
 
-def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[Path], across_seeds: bool = False) -> dict[str, Any]:
     """The element-wise mean of the model weights of ``paths`` (§6.1), as a checkpoint that loads like them.
 
-    The checkpoints must come from one model: same weights and shapes, same model hyperparameters and
-    tokenizer. The result keeps the config, tokenizer and hyperparameters of the one with the highest
-    global step, drops the optimizer and loop state, and lists its sources under ``averaged_from``.
+    The checkpoints must come from one run: the same weights and shapes, model hyperparameters,
+    direction, corpus and tokenizer, and the same seed unless ``across_seeds``. The result keeps the
+    config, tokenizer and hyperparameters of the one with the highest global step, drops the optimizer
+    and loop state, and lists its sources under ``averaged_from``.
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -128,12 +156,15 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     for path in paths:
         checkpoint = load_checkpoint(path)
         weights = checkpoint.get("state_dict")
-        if weights is None:
-            raise CheckpointError(f"checkpoint {path} has no state_dict")
+        if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+            raise CheckpointError(f"checkpoint {path} has no state_dict of tensors")
+        step = checkpoint.get("global_step") or 0
+        if not whole(step, 0):
+            raise CheckpointError(f"checkpoint {path}: global_step={step!r:.40} is not a whole number of steps")
         if not first:
             first = checkpoint
         else:
-            _check_same_model(first, checkpoint, path, paths[0])
+            _check_same_run(first, checkpoint, path, paths[0], across_seeds)
         for name, tensor in weights.items():
             if name in total and tensor.shape != total[name].shape:
                 raise CheckpointError(
@@ -144,8 +175,8 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
                 total[name] = total.get(name, 0) + tensor.double()  # float64 sums: the mean of N is exact
             else:
                 total[name] = tensor  # integer buffers (counters) are not averaged; see below
-        sources.append({"path": str(path), "global_step": checkpoint.get("global_step")})
-        if not newest or (checkpoint.get("global_step") or 0) >= (newest.get("global_step") or 0):
+        sources.append({"path": str(path), "global_step": step})
+        if not newest or step >= (newest.get("global_step") or 0):
             newest = checkpoint
     result = {key: value for key, value in newest.items() if key not in _TRAINING_STATE}
     result["state_dict"] = _mean(total, len(paths), newest["state_dict"])
@@ -153,15 +184,38 @@ def average_checkpoints(paths: Sequence[Path]) -> dict[str, Any]:
     return result
 
 
-def _check_same_model(first: dict[str, Any], other: dict[str, Any], path: Path, first_path: Path) -> None:
+def run_fields(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What makes two checkpoints parts of one run, for averaging: the model, the direction, the
+    corpus with its vocabulary (the name of the data's cache entry), the tokenizer and the seed."""
+    run = checkpoint.get(RUN_KEY) if isinstance(checkpoint.get(RUN_KEY), dict) else {}
+    config = run.get("config") if isinstance(run.get("config"), dict) else {}
+    data = config.get("data") if isinstance(config.get("data"), dict) else {}
+    hyper = checkpoint.get("hyper_parameters") if isinstance(checkpoint.get("hyper_parameters"), dict) else {}
+    return {
+        "model": hyper.get("model"),
+        "data.src_lang": data.get("src_lang"),
+        "data.tgt_lang": data.get("tgt_lang"),
+        "corpus": run.get(DATA_KEY),
+        "tokenizer": run.get("tokenizer"),
+        "seed": config.get("seed"),
+    }
+
+
+def _check_same_run(first: dict[str, Any], other: dict[str, Any], path: Path, first_path: Path, seeds: bool) -> None:
     if first["state_dict"].keys() != other["state_dict"].keys():
         raise CheckpointError(f"checkpoint {path} holds other weights than {first_path}; average one run's")
-    model = first.get("hyper_parameters", {}).get("model")
-    if model != other.get("hyper_parameters", {}).get("model"):
-        raise CheckpointError(f"checkpoint {path} has other model hyperparameters than {first_path}")
-    tokenizers = [checkpoint.get(RUN_KEY, {}).get("tokenizer") for checkpoint in (first, other)]
-    if tokenizers[0] != tokenizers[1]:
-        raise CheckpointError(f"checkpoint {path} has another tokenizer than {first_path}; average one run's")
+    ours, theirs = run_fields(first), run_fields(other)
+    for field in ours:
+        if ours[field] == theirs[field] or (field == "seed" and seeds):
+            continue
+        shown = {"model": "model hyperparameters", "tokenizer": "tokenizer", "corpus": "corpus (data cache entry)"}
+        what = shown.get(field) or f"{field}={show(theirs[field])} (not {show(ours[field])})"
+        advice = (
+            "; pass --across-seeds to average runs that differ only in their seed"
+            if field == "seed"
+            else "; average one run's checkpoints"
+        )
+        raise CheckpointError(f"checkpoint {path} is of another run than {first_path}: another {what}{advice}")
 
 
 def _mean(total: dict[str, torch.Tensor], n: int, newest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -271,18 +325,28 @@ def model_from_checkpoint(
     checkpoint: dict[str, Any], path: Path, device: str | torch.device = "cpu"
 ) -> tuple[Transformer, Tokenizer, dict[str, Any]]:
     """:func:`load_model`'s result from the contents of the checkpoint at ``path`` (read already)."""
-    run = checkpoint.get(RUN_KEY)
-    if not isinstance(run, dict) or {"config", "tokenizer"} - set(run) or "hyper_parameters" not in checkpoint:
+    run = run_entry(checkpoint, path)
+    hyper = checkpoint.get("hyper_parameters")
+    if {"config", "tokenizer"} - set(run) or not isinstance(hyper, dict) or not isinstance(hyper.get("model"), dict):
         raise CheckpointError(
             f"checkpoint {path} was not written by aiayn-train or aiayn-average (no {RUN_KEY!r} "
-            "entry with the tokenizer and config)"
+            "entry with the tokenizer and config, or no hyper_parameters.model)"
         )
+    weights = checkpoint.get("state_dict")
+    if not isinstance(weights, dict):
+        raise CheckpointError(f"checkpoint {path}: state_dict={type(weights).__name__} is not the model's weights")
     prefix = "model."
+    weights = {k[len(prefix) :]: v for k, v in weights.items() if isinstance(k, str) and k.startswith(prefix)}
     try:  # a shared file: a field the model does not have, a value it cannot take, weights of another shape
-        model = Transformer(TransformerConfig(**checkpoint["hyper_parameters"]["model"]))
-        weights = {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
-        model.load_state_dict(weights)
+        cfg = TransformerConfig(**{str(key): value for key, value in hyper["model"].items()})
+        check_weights(cfg, weights)  # before the model is built: its stored size may be anything
         tokenizer = Tokenizer.from_bytes(run["tokenizer"])
+        if tokenizer.vocab_size != cfg.vocab_size:
+            raise FieldError("vocab_size", cfg.vocab_size, f"is not its tokenizer's {tokenizer.vocab_size} pieces")
+        model = Transformer(cfg)
+        model.load_state_dict(weights)
     except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as error:
-        raise CheckpointError(f"checkpoint {path} holds a model aiayn cannot build: {first_line(error)}") from None
+        raise CheckpointError(
+            f"checkpoint {path}: hyper_parameters.model holds a model aiayn cannot build: {first_line(error)}"
+        ) from None
     return model.to(device).eval(), tokenizer, run["config"]

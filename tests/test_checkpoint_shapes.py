@@ -1,0 +1,54 @@
+"""A checkpoint's stored model settings are compared with its weights before anything of their size is
+built: a tiny file asking for a huge model ends in one line, without the memory it asks for."""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from aiayn.errors import CheckpointError
+from aiayn.training.checkpoints import load_model
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"n_layers": 4096}, "n_layers=4096 does not match the weights, which hold 2 layers"),
+        ({"d_ff": 2**22}, "weights[encoder.0.ffn.w1.weight]"),  # 2 x 2 x 2^22 x 64 floats: 4 GiB
+        ({"max_positions": 2**26}, "max_positions=67108864 needs a position table"),  # 16 GiB of sinusoids
+        ({"max_positions": 2**26, "positional": "rope"}, "max_positions=67108864 needs a position table"),
+        ({"vocab_size": 2**24}, "weights[src_embed.weight]"),
+        ({"n_heads": 2**16}, "weights[encoder.0.self_attn.qkv_proj.weight]"),
+        ({"pad_id": 10**12}, "pad_id=1000000000000 must be a token id"),
+        ({"d_model": "64"}, "d_model=64 must be a positive whole number"),
+        ({"surprise": 1}, "unexpected keyword argument 'surprise'"),
+    ],
+)
+def test_stored_settings_that_are_not_the_weights_end_in_one_line_without_their_memory(
+    smoke_run_dir: Path, tmp_path: Path, settings: dict[str, Any], named: str
+) -> None:
+    checkpoint = torch.load(smoke_run_dir / "checkpoints" / "best.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["model"].update(settings)
+    path = tmp_path / "huge.ckpt"
+    torch.save(checkpoint, path)
+    before = peak_rss_mib()
+    with pytest.raises(CheckpointError) as refused:
+        load_model(path)
+    message = str(refused.value)
+    assert "\n" not in message and str(path) in message and "hyper_parameters.model" in message, message
+    assert named in message, message
+    assert peak_rss_mib() - before < 256  # the file holds 1 MB of weights; the settings ask for GiBs
+
+
+def test_a_checkpoint_whose_settings_are_its_weights_loads(smoke_run_dir: Path) -> None:
+    model, tokenizer, config = load_model(smoke_run_dir / "checkpoints" / "best.ckpt")
+    assert model.cfg.n_layers == 2 and tokenizer.vocab_size == model.cfg.vocab_size == 1000
+    assert config["seed"] == 1
