@@ -1,11 +1,15 @@
 """One W&B run per run folder: every part of a run (a continuation after SIGTERM, a requeued job) logs
 to the id the folder keeps, at W&B steps that are the trainer's global steps, so that ``wandb sync``
-joins offline parts into one history; a stored id that is not an id is refused, and a new folder gets a
-new id whatever ``WANDB_RUN_ID`` a surrounding process left in the environment."""
+joins offline parts into one history. The id is bound to its folder: a copy or a moved folder, and a
+file that binds no id to the folder (garbage, a link, another folder's), log to a new W&B run, with one
+warning; a new folder gets a new id whatever ``WANDB_RUN_ID`` a surrounding process left in the
+environment."""
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +22,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.errors import ConfigError, DataError
 from aiayn.experiments.run import train
 from aiayn.training.callbacks.preemption import Preempted
-from aiayn.training.loggers import RUN_ID_FILE, WandbRunLogger, folder_run_id
+from aiayn.training.loggers import RUN_ID_FILE, WandbRunLogger, bind_run_id, bound_run_id, folder_run_id
 from helpers.runs import smoke_run, train_in_process
 from helpers.wandb_records import offline_runs
 
@@ -49,7 +53,8 @@ def test_a_run_continued_after_sigterm_logs_both_parts_to_one_wandb_run_with_con
 
     first, second = offline_runs(run_dir / "wandb")
     stored = (run_dir / RUN_ID_FILE).read_text()
-    assert first.run_id == second.run_id == stored.strip() != "surrounding" and stored.endswith("\n")
+    assert stored == f"{first.run_id}\n{run_dir.resolve()}\n"  # the id, bound to its folder
+    assert first.run_id == second.run_id != "surrounding"
     assert (first.exit_code, second.exit_code) == (1, 0)  # the stopped part counts as failed
     for part in (first, second):  # W&B's step is the trainer's, in every row: training, validation, media
         assert part.steps == [row["trainer/global_step"] for row in part.history]
@@ -60,36 +65,143 @@ def test_a_run_continued_after_sigterm_logs_both_parts_to_one_wandb_run_with_con
     assert [row["_step"] for row in second.rows_with("val/samples/path")] == [5, 11]
 
 
+def logged_part(folder: Path, step: int) -> str:
+    """One part of a run in ``folder``, offline: its W&B run id."""
+    logger = WandbRunLogger(save_dir=str(folder))
+    logger.log_metrics({"train/loss": 1.5}, step=step)
+    logger.finish(failed=False)
+    return logger.run_id
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING]
+
+
+def test_a_copied_or_moved_run_folder_logs_to_a_new_wandb_run_and_says_so_once(
+    tmp_path: Path, wandb_offline: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    original, copy, moved = tmp_path / "run1", tmp_path / "run2", tmp_path / "moved"
+    first = logged_part(original, 3)
+    assert logged_part(original, 7) == first  # a restart in the same folder continues its W&B run
+    shutil.copytree(original, copy)  # cp -r run1 run2, then a resume in run2
+    caplog.clear()
+    second = logged_part(copy, 7)
+    assert second != first
+    (line,) = warnings_of(caplog)
+    assert line == (
+        f"{copy / RUN_ID_FILE}: W&B run {first} is the run of {str(original.resolve())!r}: this folder is a copy "
+        f"of it, or moved; this folder logs to a new W&B run, {second}"
+    )
+    assert (copy / RUN_ID_FILE).read_text() == f"{second}\n{copy.resolve()}\n"  # the copy's own, from now on
+    caplog.clear()
+    assert logged_part(copy, 9) == second and logged_part(original, 9) == first and not warnings_of(caplog)
+    assert [(run.run_id, run.steps) for run in offline_runs(copy / "wandb")] == [
+        (first, [3]), (first, [7]), (second, [7]), (second, [9])  # the copied history, then the copy's own
+    ]  # fmt: skip
+    assert [run.run_id for run in offline_runs(original / "wandb")] == [first] * 3
+    original.rename(moved)
+    assert logged_part(moved, 11) not in (first, second)
+    assert "this folder is a copy of it, or moved" in warnings_of(caplog)[-1]
+
+
 @pytest.mark.parametrize(
     "content",
-    [b"", b"a/b", b"../../etc", b"x" * 65, b"two words", b"abc\ndef", b"\xff\xfe", b"id?x=1"],
-    ids=["empty", "slash", "parent", "too long", "space", "two lines", "not text", "query"],
-)
-def test_a_stored_run_id_that_is_not_an_id_is_refused_in_one_line(
-    content: bytes, tmp_path: Path, wandb_offline: None
+    [
+        b"", b"a/b", b"../../etc", b"x" * 65, b"two words", b"abc\xffdef\n{folder}\n", b"\xff\xfe", b"id?x=1",
+        b"abc123\n", b"abc123", b"abc123\n/elsewhere/run\n", b"abc123\n{folder}/..\n", b"abc123\n{folder}\n" * 2,
+        b"abc123\n{folder}\n" + b"x" * 10_000_000,
+    ],
+    ids=[
+        "empty", "slash", "parent", "too long", "space", "not ascii", "not text", "query", "no folder",
+        "no folder, no end", "another folder", "a folder above", "two bindings", "huge",
+    ],
+)  # fmt: skip
+def test_a_run_id_file_that_binds_no_id_to_its_folder_means_a_new_run_with_one_warning(
+    content: bytes, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / RUN_ID_FILE
-    path.parent.mkdir()
-    path.write_bytes(content)
+    folder = tmp_path / "run"
+    path = folder / RUN_ID_FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content.replace(b"{folder}", os.fsencode(folder.resolve())))
+    run_id = folder_run_id(folder)
+    assert run_id.encode() not in content and len(run_id) == 8
+    (line,) = warnings_of(caplog)
+    assert line.startswith(f"{path}: ") and line.endswith(f"; this folder logs to a new W&B run, {run_id}")
+    assert len(line) < 400 + len(str(path))  # what the file holds is shown cut short, in one line
+    bind_run_id(folder, run_id)
+    assert bound_run_id(folder) == (run_id, None)
+
+
+def test_a_run_id_file_that_is_a_link_or_no_plain_file_is_never_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "run"
+    path = folder / RUN_ID_FILE
+    path.parent.mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.write_text(f"abc123\n{folder.resolve()}\n")  # would bind the id to this folder, if it were followed
+    path.symlink_to(outside)
+    run_id = folder_run_id(folder)
+    assert run_id != "abc123" and warnings_of(caplog) == [
+        f"{path}: is a link; this folder logs to a new W&B run, {run_id}"
+    ]
+    bind_run_id(folder, run_id)  # replaces the link, not its target
+    assert not path.is_symlink() and bound_run_id(folder) == (run_id, None)
+    assert outside.read_text() == f"abc123\n{folder.resolve()}\n"
+    path.unlink()
+    path.symlink_to(path)  # a link to itself
+    assert bound_run_id(folder) == (None, "is a link")
+    bind_run_id(folder, run_id)
+    assert bound_run_id(folder) == (run_id, None)
+    path.unlink()
+    os.mkfifo(path)  # would block a reader that opened it plainly
+    assert bound_run_id(folder) == (None, "is not a plain file")
+    bind_run_id(folder, run_id)
+    assert bound_run_id(folder) == (run_id, None)
+    path.unlink()
+    path.mkdir()
+    assert bound_run_id(folder) == (None, "is not a plain file")
     with pytest.raises(DataError) as refused:
-        WandbRunLogger(save_dir=str(tmp_path))
-    message = str(refused.value)
-    assert "\n" not in message and message.startswith(f"{path}: ")
-    assert "is not a W&B run id" in message and "or delete it to log to a new W&B run" in message
+        bind_run_id(folder, run_id)
+    assert str(refused.value) == (
+        f"{path}: cannot write the folder's W&B run id there (Is a directory); remove what is in its place, or "
+        "make the folder writable"
+    )
 
 
-def test_aiayn_train_refuses_a_bad_stored_run_id_before_training(
+@pytest.mark.parametrize("name", ["wandb", ".wandb"])
+def test_a_wandb_folder_that_is_a_link_is_refused_in_one_line(name: str, tmp_path: Path, wandb_offline: None) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / name).symlink_to(outside)  # W&B would write its runs there (and uses .wandb when it exists)
+    with pytest.raises(DataError) as refused:
+        WandbRunLogger(save_dir=str(run_dir))
+    assert str(refused.value) == (
+        f"{run_dir / name}: is a link; a run writes its logs only into its own folder: move it out of {run_dir}"
+    )
+    (run_dir / name).unlink()
+    (run_dir / name).write_text("")
+    with pytest.raises(DataError, match=r"/run/\.?wandb: is not a folder; a run writes its logs only into"):
+        WandbRunLogger(save_dir=str(run_dir))
+    assert list(outside.iterdir()) == []
+
+
+def test_aiayn_train_refuses_a_wandb_folder_that_is_a_link_before_training(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, wandb_offline: None, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:  # fmt: skip
-    run_dir = tmp_path / "run"
-    (run_dir / RUN_ID_FILE).parent.mkdir(parents=True)
-    (run_dir / RUN_ID_FILE).write_text("../../other-run\n")
+    run_dir, outside = tmp_path / "run", tmp_path / "outside"
+    outside.mkdir()
+    run_dir.mkdir()
+    (run_dir / "wandb").symlink_to(outside)
     argv = [*smoke_run(corpus_root, cache_dir, "logger=wandb"), f"hydra.run.dir={run_dir}"]
     assert train_in_process(argv, monkeypatch) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"aiayn-train: error: {run_dir / RUN_ID_FILE}: '../../other-run' is not a W&B run id")
-    assert not (run_dir / "checkpoints").exists()
+    assert line == f"aiayn-train: error: {run_dir / 'wandb'}: is a link; a run writes its logs only into its own " \
+        f"folder: move it out of {run_dir}"  # fmt: skip
+    assert not (run_dir / "checkpoints").exists() and list(outside.iterdir()) == []
 
 
 def test_new_run_folders_get_new_ids_which_survive_the_fall_back_to_offline(
@@ -109,7 +221,7 @@ def test_new_run_folders_get_new_ids_which_survive_the_fall_back_to_offline(
 
     ids = [part(tmp_path / "a", 3), part(tmp_path / "b", 3)]
     assert ids[0] != ids[1] and "surrounding" not in ids
-    assert [(tmp_path / name / RUN_ID_FILE).read_text() for name in "ab"] == [f"{ids[0]}\n", f"{ids[1]}\n"]
+    assert [bound_run_id(tmp_path / name) for name in "ab"] == [(ids[0], None), (ids[1], None)]
     assert part(tmp_path / "a", 7) == ids[0]  # a second part of a, which says that the first is not uploaded
     assert f"1 offline parts of W&B run {ids[0]} are not uploaded yet" in caplog.text
     assert [(run.run_id, run.steps) for run in offline_runs(tmp_path / "a")] == [(ids[0], [3]), (ids[0], [7])]
@@ -122,9 +234,10 @@ def test_under_a_sweep_agent_a_new_folder_takes_the_trials_id_and_a_stored_one_w
     monkeypatch.setenv("WANDB_SWEEP_ID", "sweep1")  # what `wandb agent` sets for its trial
     monkeypatch.setenv("WANDB_RUN_ID", "trial123")
     assert folder_run_id(tmp_path / "new") == "trial123"
-    (tmp_path / "old" / RUN_ID_FILE).parent.mkdir(parents=True)
-    (tmp_path / "old" / RUN_ID_FILE).write_text("first99\n")
+    bind_run_id(tmp_path / "old", "first99")
     assert folder_run_id(tmp_path / "old") == "first99"
+    shutil.copytree(tmp_path / "old", tmp_path / "copy")
+    assert folder_run_id(tmp_path / "copy") == "trial123"  # a copy is the trial's run
     monkeypatch.setenv("WANDB_RUN_ID", "../trial")
     with pytest.raises(ConfigError, match=r"^WANDB_RUN_ID=\.\./trial is not a W&B run id"):
         folder_run_id(tmp_path / "new")

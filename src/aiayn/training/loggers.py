@@ -5,11 +5,17 @@ an account or a network records everything too; ``wandb sync`` uploads it later.
 folder (the first, a resumed or requeued one, a sweep's trial run again) logs to one W&B run, whose id
 the folder keeps in ``wandb/run_id`` (:data:`RUN_ID_FILE`), at W&B steps that are the trainer's global
 steps: the parts' histories continue one another, online and after ``wandb sync`` of offline parts.
+
+A run folder may come from elsewhere (a copy, a colleague's folder, one moved): what the loggers read
+back from it is untrusted. The id is bound to the folder it was made for, so a copy or a moved folder
+logs to a new W&B run instead of merging its branch into the original's; a file that is not what aiayn
+writes there (garbage, a link, a folder) is never followed, and the loggers never write through a link.
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import logging
 import math
@@ -17,11 +23,12 @@ import netrc
 import os
 import re
 import secrets
+import stat
 import string
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 import pytorch_lightning as pl
@@ -41,11 +48,19 @@ log = logging.getLogger(__name__)
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 METRICS_CSV = Path("csv") / "metrics.csv"  # in a run folder: what build_loggers' CSV logger writes
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
-RUN_ID_FILE = Path("wandb") / "run_id"  # in a run folder: the id of the W&B run all its parts log to
+# In a run folder: the id of the W&B run all its parts log to, bound to the folder (:func:`bind_run_id`).
+RUN_ID_FILE = Path("wandb") / "run_id"
 # What aiayn takes for a W&B run id: W&B's own ids are 8 of [a-z0-9]; no path or URL characters.
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RUN_ID_RULE = "1 to 64 letters, digits, '-' or '_'"
-_RUN_ID_FIX = "write the id of the folder's W&B run into the file, or delete it to log to a new W&B run"
+RUN_ID_BYTES = 8192  # an id, and a folder's path of at most PATH_MAX (4096) bytes: a larger file is not read
+METRIC_ROW_BYTES = 1 << 20  # a metrics row is some kB: a longer line is damage, skipped without being held
+WANDB_FOLDERS = ("wandb", ".wandb")  # where W&B writes in its save_dir (.wandb instead of wandb when it exists)
+_METRICS_FIX = "move it out of the run folder to continue the run without its earlier metric rows"
+
+
+class _Unusable(Exception):
+    """A file of the run folder that is not a plain file aiayn could have written; says what it is."""
 
 
 def wandb_credentials() -> str | None:
@@ -88,39 +103,114 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     return "offline", "not logged in to W&B: no WANDB_API_KEY, no `wandb login`"
 
 
-def stored_run_id(run_dir: Path) -> str | None:
-    """The W&B run id ``run_dir`` keeps in :data:`RUN_ID_FILE`, or None when it keeps none. The file
-    is read as untrusted input (a folder copied from elsewhere, an edit by hand): anything but one id of
-    :data:`RUN_ID` is refused, never passed to W&B, which would put it into paths and URLs."""
+def bound_run_id(run_dir: Path) -> tuple[str | None, str | None]:
+    """The W&B run id that ``run_dir``'s :data:`RUN_ID_FILE` binds to ``run_dir`` (its first line; the
+    second is the folder's resolved path, :func:`bind_run_id`), else None and why not (None when there is
+    no file). The file is untrusted (a copied or shared folder, an edit by hand): it is read only when it
+    is a plain file, never whole when large, and an id is taken only when it is one of :data:`RUN_ID`
+    (W&B puts it into paths and URLs) and bound to this very folder. A copy of the folder, or the folder
+    moved, holds the path of its original: it is another branch of the run, for a W&B run of its own."""
     path = run_dir / RUN_ID_FILE
     try:
-        with open(path, "rb") as file:
-            content = file.read(128)  # an id is 64 bytes at most: a large file is not read whole
+        with _open_plain(path) as file:
+            content = file.read(RUN_ID_BYTES + 1)
     except FileNotFoundError:
-        return None
-    except OSError as error:
-        raise DataError(f"{path}: cannot read this folder's W&B run id ({error.strerror}); {_RUN_ID_FIX}") from None
-    text = content.decode("ascii", errors="replace").strip()
-    if not RUN_ID.fullmatch(text):
-        shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
-        raise DataError(f"{path}: {shown} is not a W&B run id ({RUN_ID_RULE}); {_RUN_ID_FIX}")
-    return text
+        return None, None
+    except _Unusable as why:
+        return None, str(why)
+    if len(content) > RUN_ID_BYTES:
+        return None, f"holds more than a run id and its folder ({RUN_ID_BYTES} bytes)"
+    first, _, rest = content.partition(b"\n")
+    run_id = first.decode("ascii", errors="replace").strip()
+    if not RUN_ID.fullmatch(run_id):
+        return None, f"{_shown(first)} is not a W&B run id ({RUN_ID_RULE})"
+    folder = rest.removesuffix(b"\n").removesuffix(b"\r")
+    if not folder:
+        return None, f"W&B run {run_id} is bound to no folder (written by hand, or by an older aiayn)"
+    if folder != os.fsencode(run_dir.resolve()):
+        return None, f"W&B run {run_id} is the run of {_shown(folder)}: this folder is a copy of it, or moved"
+    return run_id, None
+
+
+def bind_run_id(run_dir: Path, run_id: str) -> None:
+    """Write ``run_id`` to ``run_dir``'s :data:`RUN_ID_FILE`, bound to the folder: the id, then the
+    folder's resolved path, one line each. A link there is replaced, never followed."""
+    path = run_dir / RUN_ID_FILE
+    try:
+        if path.is_symlink():  # atomic_write would take its target's permissions; the rename replaces it
+            path.unlink()
+        atomic_write(path, run_id.encode("ascii") + b"\n" + os.fsencode(run_dir.resolve()) + b"\n")
+    except (IsADirectoryError, NotADirectoryError, PermissionError) as error:
+        raise DataError(
+            f"{path}: cannot write the folder's W&B run id there ({error.strerror}); remove what is in its "
+            "place, or make the folder writable"
+        ) from None
 
 
 def folder_run_id(run_dir: Path) -> str:
-    """The W&B run id of the run in ``run_dir``: the one it keeps (:func:`stored_run_id`); for a new
-    folder, the trial's under ``wandb agent`` (which sets ``WANDB_SWEEP_ID`` and ``WANDB_RUN_ID``; W&B
-    ignores any other id in a sweep, and the trial's folder is named after it), else a new one. Any
-    other ``WANDB_RUN_ID`` in the environment (a surrounding W&B run's, a shell's export) is not taken:
-    every new folder, each job of a multirun, would continue one W&B run."""
-    stored = stored_run_id(run_dir)
+    """The W&B run id of the run in ``run_dir``: the one the folder keeps (:func:`bound_run_id`); for a
+    new folder, the trial's under ``wandb agent`` (which sets ``WANDB_SWEEP_ID`` and ``WANDB_RUN_ID``; W&B
+    ignores any other id in a sweep, and the trial's folder is named after it), else a new one. A
+    :data:`RUN_ID_FILE` that binds no id to the folder (a copy, garbage) counts as none, with one warning.
+    Any other ``WANDB_RUN_ID`` in the environment (a surrounding W&B run's, a shell's export) is not
+    taken: every new folder, each job of a multirun, would continue one W&B run."""
+    stored, unusable = bound_run_id(run_dir)
     if stored is not None:
         return stored
     agents = os.environ.get("WANDB_RUN_ID", "") if in_wandb_sweep() else ""
     if agents and not RUN_ID.fullmatch(agents):
         raise ConfigError("WANDB_RUN_ID", agents, f"is not a W&B run id ({RUN_ID_RULE})")
     # As W&B makes its own: 8 random base-36 digits, drawn apart from the seeded generators.
-    return agents or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    run_id = agents or "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    if unusable:
+        log.warning("%s: %s; this folder logs to a new W&B run, %s", run_dir / RUN_ID_FILE, unusable, run_id)
+    return run_id
+
+
+def _open_plain(path: Path) -> IO[bytes]:
+    """``path`` open for reading when it is a plain file (FileNotFoundError when there is nothing there),
+    else :class:`_Unusable`: a link is not followed, and a FIFO or a device is not read (it could block
+    or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(errno.ENOENT, "no such file", str(path)) from None
+    except OSError as error:
+        raise _Unusable("is a link" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _Unusable("is not a plain file")
+    return os.fdopen(fd, "rb")
+
+
+def _shown(content: bytes) -> str:
+    """Bytes of an untrusted file as one short line of a message."""
+    text = os.fsdecode(content)
+    return repr(text[:200]) + ("..." if len(text) > 200 else "")
+
+
+def refuse_links(root: Path, folder: Path, files: Sequence[str] = ()) -> None:
+    """A :class:`DataError` when a folder on the way from the run folder ``root`` to its ``folder`` is a
+    link or not a folder, or one of ``files`` in it a link or not a plain file: a logger writes there, and
+    a link in a copied or shared run folder would make it write outside the run folder. A ``folder`` that
+    is not in ``root`` is one the user named: theirs, not checked."""
+    try:
+        parts = Path(folder).relative_to(root).parts
+    except ValueError:
+        return
+    folders = [(root.joinpath(*parts[:n]), stat.S_ISDIR) for n in range(1, len(parts) + 1)]
+    for path, kind in folders + [(Path(folder) / name, stat.S_ISREG) for name in files]:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            if kind is stat.S_ISDIR:
+                return  # nothing in it either: what the logger writes there is new
+            continue
+        except OSError as error:
+            raise DataError(f"{path}: cannot be read ({error.strerror}); the run writes there") from None
+        if not kind(mode):
+            what = "a link" if stat.S_ISLNK(mode) else "not a folder" if kind is stat.S_ISDIR else "not a plain file"
+            raise DataError(f"{path}: is {what}; a run writes its logs only into its own folder: move it out of {root}")
 
 
 def unsynced_parts(wandb_dir: Path, run_id: str) -> list[Path]:
@@ -136,44 +226,143 @@ def in_wandb_sweep() -> bool:
 
 class ContinuedMetricsWriter(ExperimentWriter):
     """Lightning's CSV writer, but a run that continues in its folder (resumed, requeued) appends to
-    ``metrics.csv`` instead of deleting the rows of its earlier parts."""
+    ``metrics.csv`` instead of deleting the rows of its earlier parts, and rewrites it (for new columns)
+    atomically, from its readable rows (:func:`metric_rows`): a kill while it rewrites loses nothing."""
 
     def _check_log_dir_exists(self) -> None:
-        if os.path.isfile(self.metrics_file_path):
-            with open(self.metrics_file_path, newline="") as rows:
-                self.metrics_keys = next(csv.reader(rows), [])  # new keys make the writer rewrite the header
+        path = Path(self.metrics_file_path)
+        try:
+            with _open_plain(path) as file:
+                self.metrics_keys = _metrics_header(path, next(_lines(file), b""))  # new keys rewrite the header
+        except FileNotFoundError:
+            pass
+        except _Unusable as why:
+            raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+
+    def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
+        path = Path(self.metrics_file_path)
+
+        def write(out: IO[bytes]) -> None:
+            text = io.TextIOWrapper(out, encoding="utf-8", newline="")
+            rows = csv.DictWriter(text, fieldnames=fieldnames)
+            rows.writeheader()
+            rows.writerows(metric_rows(path))
+            text.flush()
+            text.detach()  # atomic_write closes the file itself
+
+        atomic_write(path, write)
+
+
+def metric_rows(path: Path) -> Iterator[dict[str, str]]:
+    """The rows of the metrics CSV ``path`` (:data:`METRICS_CSV`), by column, that are rows of it: rows
+    cut short by a kill, lines that are not UTF-8 CSV of the header's width, or too long to be a row, are
+    left out. Nothing when there is no file; a :class:`DataError` naming the file when it is not a
+    metrics CSV (a link, no ``step`` column)."""
+    try:
+        with _open_plain(path) as file:
+            lines = _lines(file)
+            header = _metrics_header(path, next(lines, b""))
+            for line in lines:
+                fields = _fields(line)
+                if fields is not None and len(fields) == len(header):
+                    yield dict(zip(header, fields, strict=True))
+    except FileNotFoundError:
+        return
+    except _Unusable as why:
+        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
 
 
 def drop_metrics_from(path: Path, step: int) -> int:
     """Remove the rows of ``metrics.csv`` that a run resumed at optimizer step ``step`` logs again: those
     of Lightning's step ``step`` and later (a training row of optimizer step N carries step N - 1, a
     validation after step N too; the evaluations after training carry the final step). They were
-    written after the checkpoint, by a part of the run that ended before its next one. Returns how many."""
-    if not path.is_file():
-        return 0
-    with open(path, newline="") as file:
-        rows = list(csv.reader(file))
-    if not rows or "step" not in rows[0]:
-        return 0
-    column = rows[0].index("step")
-    kept = [rows[0], *(row for row in rows[1:] if _row_step(row, column, len(rows[0])) < step)]
-    if len(kept) < len(rows):
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows(kept)
-        atomic_write(path, out.getvalue())
-    return len(rows) - len(kept)
-
-
-def _row_step(row: list[str], column: int, width: int) -> float:
-    """A row's step; a row cut short (a process killed while it wrote) counts as after every step."""
+    written after the checkpoint, by a part of the run that ended before its next one. Lines that are no
+    rows of the file (cut short by a kill, damaged, not UTF-8 CSV) go too, with a warning unless the last
+    was only cut short. Returns how many lines went. A file that is no metrics CSV is a :class:`DataError`."""
     try:
-        return int(float(row[column])) if len(row) == width else math.inf
+        source = _open_plain(path)
+    except FileNotFoundError:
+        return 0
+    except _Unusable as why:
+        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+    dropped = damaged = 0
+
+    def write(out: IO[bytes]) -> None:
+        nonlocal dropped, damaged
+        out.write(first.rstrip(b"\r\n") + b"\n")
+        column = header.index("step")
+        for line in lines:
+            fields = _fields(line)
+            row_step = _row_step(fields, column) if fields is not None and len(fields) == len(header) else None
+            if line is not None and row_step is not None and row_step < step:
+                out.write(line.rstrip(b"\r\n") + b"\n")  # a kept row cut short ends its line: rows append after it
+                continue
+            dropped += 1
+            if row_step is None and (line is None or line.endswith(b"\n")):  # more than the last row cut short
+                damaged += 1
+
+    with source:
+        lines = _lines(source)
+        if (first := next(lines, b"")) == b"":
+            return 0  # an empty file: a part killed before it wrote the header
+        header = _metrics_header(path, first)
+        atomic_write(path, write)
+    if damaged:
+        log.warning("%s: dropped %d lines that are not rows of its columns (damaged, or not CSV)", path, damaged)
+    return dropped
+
+
+def _lines(file: IO[bytes]) -> Iterator[bytes | None]:
+    """The lines of ``file``, with their ends; None for one longer than :data:`METRIC_ROW_BYTES`, which is
+    skipped without being held (a file of one huge line would take its size in memory)."""
+    while line := file.readline(METRIC_ROW_BYTES + 1):
+        if len(line) > METRIC_ROW_BYTES:
+            while not line.endswith(b"\n") and (line := file.readline(METRIC_ROW_BYTES)):
+                pass
+            yield None
+        else:
+            yield line
+
+
+def _fields(line: bytes | None) -> list[str] | None:
+    """A line's CSV fields, or None when it is not a line of UTF-8 CSV."""
+    if line is None:
+        return None
+    try:
+        return next(csv.reader([line.decode("utf-8").rstrip("\r\n")], strict=True), [])
+    except (UnicodeDecodeError, csv.Error):  # csv.Error: a field over csv's limit, a quote left open
+        return None
+
+
+def _metrics_header(path: Path, line: bytes | None) -> list[str]:
+    """The columns of a metrics CSV's first line (none for an empty file), or a :class:`DataError` naming
+    the file when it is not the header Lightning writes, which always has a ``step`` column."""
+    if line == b"":
+        return []
+    header = _fields(line)
+    if header is None or "step" not in header:
+        raise DataError(f"{path}: its first line is not the header of a metrics CSV (no 'step' column); {_METRICS_FIX}")
+    return header
+
+
+def _row_step(fields: list[str], column: int) -> int | None:
+    """A row's step, None when it is not a whole number (a damaged row)."""
+    try:
+        value = float(fields[column])
     except ValueError:
-        return math.inf
+        return None
+    return int(value) if math.isfinite(value) and value.is_integer() else None
 
 
 class RunCSVLogger(CSVLogger):
-    """``<run_dir>/csv/metrics.csv`` (:data:`METRICS_CSV`) with :class:`ContinuedMetricsWriter`."""
+    """``<run_dir>/csv/metrics.csv`` (:data:`METRICS_CSV`) with :class:`ContinuedMetricsWriter`. A run
+    folder whose ``csv`` folder or files are links (or not folder and files) is refused
+    (:func:`refuse_links`): Lightning's writers would follow them."""
+
+    def __init__(self, save_dir: str, name: str = "csv", version: str = "") -> None:
+        super().__init__(save_dir, name=name, version=version)
+        files = (ContinuedMetricsWriter.NAME_METRICS_FILE, ExperimentWriter.NAME_HPARAMS_FILE)
+        refuse_links(Path(save_dir), Path(self.log_dir), files)
 
     @property
     @rank_zero_experiment
@@ -190,8 +379,10 @@ class WandbRunLogger(WandbLogger):
     and finishes its run explicitly (:meth:`finish`).
 
     All parts of the run in ``save_dir`` log to one W&B run: its id (:func:`folder_run_id`) is written
-    to ``save_dir``'s :data:`RUN_ID_FILE` before the first part starts it, and every part passes it with
-    ``resume="allow"`` (an offline part records that it resumes, so ``wandb sync`` appends it). Metrics
+    to ``save_dir``'s :data:`RUN_ID_FILE`, bound to the folder, before the first part starts it, and every
+    part passes it with ``resume="allow"`` (an offline part records that it resumes, so ``wandb sync``
+    appends it); a copy of the folder starts a W&B run of its own. A ``wandb`` (or ``.wandb``) that is a
+    link or not a folder is refused: W&B would write through it, outside the run folder. Metrics
     are logged at W&B step = the trainer's global step (:meth:`log_metrics`), so that the parts' steps
     continue one another instead of each starting at 0."""
 
@@ -212,8 +403,12 @@ class WandbRunLogger(WandbLogger):
         # Ranks other than 0 never start a run (Lightning hands them a dummy), nor W&B's service, nor
         # read or write the run id.
         resolved, reason = wandb_mode(mode) if rank_zero_only.rank == 0 else ("disabled", "not rank 0")
-        self.run_id = folder_run_id(Path(save_dir)) if resolved != "disabled" else None
-        self.run_id_file = Path(save_dir) / RUN_ID_FILE
+        self.run_dir = Path(save_dir)
+        if resolved != "disabled":
+            for folder in WANDB_FOLDERS:
+                refuse_links(self.run_dir, self.run_dir / folder)
+        self.run_id = folder_run_id(self.run_dir) if resolved != "disabled" else None
+        self.run_id_file = self.run_dir / RUN_ID_FILE
         if rank_zero_only.rank == 0:
             log.info("W&B logs %s (%s)%s", resolved, reason, f" to run {self.run_id}" if self.run_id else "")
         super().__init__(
@@ -251,8 +446,8 @@ class WandbRunLogger(WandbLogger):
         at all. The folder's run id is written before: a part killed while W&B starts keeps it."""
         import wandb
 
-        if not self.run_id_file.is_file():
-            atomic_write(self.run_id_file, f"{self.run_id}\n")
+        if bound_run_id(self.run_dir)[0] != self.run_id:
+            bind_run_id(self.run_dir, self.run_id)
         if self.mode == "online" and (waiting := unsynced_parts(self.run_id_file.parent, self.run_id)):
             log.warning(
                 "%d offline parts of W&B run %s are not uploaded yet: upload them before this part logs online "
@@ -263,7 +458,8 @@ class WandbRunLogger(WandbLogger):
                 run = super().experiment
             except Exception as error:  # whatever W&B raises, the metrics must not die with the dashboard
                 fallback = "offline" if self.mode == "online" else "disabled"
-                log.warning("W&B could not start an %s run (%s); logging %s instead", self.mode, error, fallback)
+                why = " ".join(str(error).split())  # one line: W&B's messages can have several
+                log.warning("W&B could not start an %s run (%s); logging %s instead", self.mode, why, fallback)
                 self._wandb_init["mode"] = fallback  # with the same id: offline parts sync into the run
                 if wandb.run is not None:
                     wandb.run.finish(exit_code=1)
@@ -339,7 +535,12 @@ class TensorBoardRunLogger(TensorBoardLogger):
     """Lightning's TensorBoard logger with one event file per run. Lightning finalizes loggers after fit
     and again after test; closing the writer after fit makes the test's scalars open a second file, and
     when fit took under a second both carry the same name (``events.out.tfevents.<second>.<host>``): the
-    second replaces the first. Here Lightning's finalize only flushes; :meth:`close` ends the file."""
+    second replaces the first. Here Lightning's finalize only flushes; :meth:`close` ends the file. A log
+    folder or ``hparams.yaml`` that is a link is refused (:func:`refuse_links`)."""
+
+    def __init__(self, save_dir: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(save_dir, *args, **kwargs)
+        refuse_links(Path(save_dir), Path(self.log_dir), ("hparams.yaml",))
 
     @rank_zero_only
     def finalize(self, status: str) -> None:
