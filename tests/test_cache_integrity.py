@@ -1,13 +1,16 @@
 """The data caches are used only when whole: a damaged entry is reported in one warning and rebuilt to what
-a clean build gives, concurrent builders do not spoil each other's files, and concurrent first downloads
-of Multi30k each put a complete file in place."""
+a clean build gives, concurrent builders do not spoil each other's files, a killed encoder's temporary
+token file is removed by the next build, and concurrent first downloads of Multi30k each put a complete
+file in place."""
 
 from __future__ import annotations
 
 import gzip
 import logging
 import multiprocessing
+import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +24,7 @@ import pytest
 from aiayn.data import Multi30kDataModule
 from aiayn.data import corpus as corpus_module
 from aiayn.data.corpus import download_multi30k
+from aiayn.data.dataset import EncodedTextWriter
 
 
 def built(root: Path, cache: Path) -> Multi30kDataModule:
@@ -120,6 +124,40 @@ def test_two_processes_building_one_cache_at_once_leave_it_whole(
         folder = built(corpus_root, tmp_path).cache_folder()
     assert not [record for record in caplog.records if record.name == "aiayn.data.cache"]  # whole as it is
     assert contents(folder) == clean  # and no temporary file left
+
+
+def _encode_and_wait(stem: Path, started: multiprocessing.synchronize.Event) -> None:
+    """An encoder stopped mid-split: its tokens so far are in its temporary file, until it is killed."""
+    EncodedTextWriter(stem, np.dtype(np.uint16)).append(np.arange(50_000, dtype=np.uint16), np.array([50_000]))
+    started.set()
+    time.sleep(600)
+
+
+def test_a_killed_encoders_token_file_is_removed_by_the_next_build_and_a_living_ones_kept(
+    corpus_root: Path, tmp_path: Path, clean: dict[str, bytes]
+) -> None:
+    folder = built(corpus_root, tmp_path).cache_folder()
+    context = multiprocessing.get_context("fork")
+    encoders = []
+    for _ in range(2):
+        started = context.Event()
+        encoders.append(context.Process(target=_encode_and_wait, args=(folder / "train.en", started)))
+        encoders[-1].start()
+        assert started.wait(timeout=60)
+    try:
+        temporary = {process.pid: [p.name for p in folder.glob(f".train.en.*.{process.pid}.*")] for process in encoders}
+        assert all(len(names) == 1 and names[0].endswith(".tmp") for names in temporary.values()), temporary
+        killed, living = encoders
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.join(timeout=60)
+        assert (folder / temporary[killed.pid][0]).stat().st_size > 0  # what a kill leaves behind
+        (folder / "train.en.manifest.json").unlink()  # the next run encodes the split again
+        built(corpus_root, tmp_path)
+        assert contents(folder) == {**clean, temporary[living.pid][0]: (folder / temporary[living.pid][0]).read_bytes()}
+    finally:
+        for process in encoders:
+            process.kill()
+            process.join(timeout=60)
 
 
 @contextmanager

@@ -1,9 +1,12 @@
 """One writer per run folder: a living run's folder is refused to a second ``aiayn-train`` (exit 2, the
 holder named, nothing of the first run changed), released by the OS when its process dies however it
-dies, skipped by ``resume=true``; fresh run folders never collide."""
+dies, skipped by ``resume=true``; fresh run folders never collide. Multiruns likewise: their folders never
+collide, and a multirun's folder and each job's are held before Hydra writes into them."""
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import signal
 import subprocess
@@ -11,12 +14,15 @@ import sys
 import time
 from pathlib import Path
 
+import hydra.core.utils
 import pytest
+import yaml
+from hydra.types import RunMode
 
-from aiayn.config.naming import latest_run, reserved_folder
+from aiayn.config.naming import latest_run, multirun_dir, reserved_folder
 from aiayn.errors import RunFolderBusy
 from aiayn.files import hold_run_folder, release_run_folder, run_folder_holder
-from helpers.runs import smoke_run
+from helpers.runs import smoke_run, train_in_process
 
 TESTS = Path(__file__).resolve().parent
 HOLD = (
@@ -110,3 +116,86 @@ def test_resume_true_skips_runs_that_a_living_process_writes(tmp_path: Path) -> 
         process.kill()
         process.wait(timeout=60)
     assert latest_run(tmp_path) == tmp_path / "newer"
+
+
+class OneSecond(datetime.datetime):
+    """A clock that stays at one second: Hydra's ``${now:...}`` names every multirun's folder alike."""
+
+    @classmethod
+    def now(cls, tz: datetime.tzinfo | None = None) -> OneSecond:
+        return cls(2026, 12, 1, 10, 0, 0)
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every path under ``folder`` with a file's bytes (None for a folder)."""
+    return {str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes() for p in sorted(folder.rglob("*"))}
+
+
+def test_a_multiruns_folder_is_reserved_by_a_multirun_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for mode in (None, RunMode.RUN):  # a run, or its config printed (--cfg hydra --resolve): a name, no folder
+        assert multirun_dir("2026-12-01_10-00-00", mode) == "outputs/multirun/2026-12-01_10-00-00"
+    assert not (tmp_path / "outputs").exists()
+    folders = [multirun_dir("2026-12-01_10-00-00", RunMode.MULTIRUN) for _ in range(3)]
+    assert folders == [f"outputs/multirun/2026-12-01_10-00-00{tail}" for tail in ("", "-2", "-3")]
+    assert all((tmp_path / folder).is_dir() for folder in folders)
+
+
+def test_two_multiruns_started_in_one_second_get_their_own_folders(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(hydra.core.utils, "datetime", OneSecond)
+    # resume=true ends each multirun's job at once (exit 2), after Hydra has written into its folder.
+    for _ in range(2):
+        assert train_in_process(["-m", "resume=true", *smoke_run(corpus_root, cache_dir)], monkeypatch) == 2
+    multiruns = tmp_path / "outputs" / "multirun"
+    assert sorted(path.name for path in multiruns.iterdir()) == ["2026-12-01_10-00-00", "2026-12-01_10-00-00-2"]
+    for folder in multiruns.iterdir():
+        assert (folder / "multirun.yaml").is_file()
+        hydra_yaml = yaml.safe_load((folder / "0" / ".hydra" / "hydra.yaml").read_text())
+        assert hydra_yaml["hydra"]["runtime"]["output_dir"] == str(folder / "0")  # each job in its own multirun
+        assert run_folder_holder(folder) is None and run_folder_holder(folder / "0") is None  # given up at the end
+
+
+@pytest.mark.parametrize("held", ["", "0"], ids=["the multirun's folder", "a job's folder"])
+def test_a_multirun_into_folders_a_living_process_writes_is_refused_before_hydra_writes(
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    held: str,
+) -> None:
+    sweep = tmp_path / "multirun"
+    folder = sweep / held if held else sweep
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / ".hydra" / "config.yaml").write_text("the living run's\n")
+    process = holder(folder)
+    try:
+        before = tree(folder)
+        argv = ["-m", f"hydra.sweep.dir={sweep}", *smoke_run(corpus_root, cache_dir)]
+        assert train_in_process(argv, monkeypatch) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith(f"aiayn-train: error: run folder {folder} is in use by pid {process.pid} on ")
+        assert tree(folder) == before  # no .hydra/, no multirun.yaml, no log, no lock of its own
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+
+
+def test_a_multiruns_jobs_hold_their_folders_while_they_run_and_no_longer(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep, out = tmp_path / "multirun", tmp_path / "held.jsonl"
+    folders = [str(sweep), str(sweep / "0"), str(sweep / "1")]
+    # Each job records what is held when it builds its callbacks, then fails (the multirun goes on).
+    probe = f"callbacks=[{{_target_:helpers.folder_probe.record,folders:{folders},out:'{out}'}}]"
+    argv = ["-m", f"hydra.sweep.dir={sweep}", "seed=1,2", probe, *smoke_run(corpus_root, cache_dir)]
+    assert train_in_process(argv, monkeypatch) == 2
+    seen = [json.loads(line) for line in out.read_text().splitlines()]
+    assert seen == [
+        {folders[0]: True, folders[1]: True, folders[2]: False},
+        {folders[0]: True, folders[1]: False, folders[2]: True},
+    ]
+    assert [run_folder_holder(Path(folder)) for folder in folders] == [None, None, None]

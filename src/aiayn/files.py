@@ -5,11 +5,16 @@ A run folder is held through ``fcntl.flock`` on its ``run.lock`` file for the li
 writes it. The operating system releases the lock when that process ends, however it ends (SIGKILL,
 an out-of-memory kill, a node's reboot), so a killed run never blocks its own resume; and the file
 names its holder (host, process id, start time) for the message that refuses a second writer.
+
+Both need the file system's help: a folder on one that has no file locks, or that refuses to sync a
+folder to the disk, is refused in one line (:class:`~aiayn.errors.DataError`) naming the folder and the
+fix, rather than written without the guarantees.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import glob
 import os
@@ -21,9 +26,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
-from aiayn.errors import RunFolderBusy
+from aiayn.errors import DataError, RunFolderBusy
 
 LOCK_FILE = "run.lock"
+# What flock and fsync raise where the file system does not have them (NFS without its lock service,
+# some FUSE and SMB mounts), as opposed to a lock that is taken or a disk that failed.
+NO_LOCKS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP})
+NO_SYNC = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP})
 _HOST = socket.gethostname().replace(".", "-")  # no dots: they separate the parts of a temporary name
 _UMASK = os.umask(0o022)  # read once: setting it later would change it for every thread for a moment
 os.umask(_UMASK)
@@ -40,18 +49,14 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
     gigabytes), never one that a living writer is still filling."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{path.name}.{_HOST}."
-    _remove_orphans(path.parent, prefix)
-    with tempfile.NamedTemporaryFile(
-        dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", delete=False
-    ) as tmp:
+    with temporary_file(path.parent, path.name) as tmp:
         try:
             if callable(content):
                 content(tmp)
             else:
                 tmp.write(content.encode("utf-8") if isinstance(content, str) else content)
             tmp.flush()
-            os.fsync(tmp.fileno())
+            _sync(tmp.fileno(), path.parent)
         except BaseException:
             os.unlink(tmp.name)
             raise
@@ -61,11 +66,18 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
         mode = 0o666 & ~_UMASK  # a new one gets an ordinary file's, not the temporary file's 0600
     os.chmod(tmp.name, mode)
     os.replace(tmp.name, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the rename itself reaches the disk
-    finally:
-        os.close(folder)
+    _sync_folder(path.parent)  # the rename itself reaches the disk
+
+
+def temporary_file(folder: Path, name: str) -> IO[bytes]:
+    """A new file in ``folder``, open for writing, that its writer renames or removes when done: named
+    ``.<name>.<host>.<pid>.<random>.tmp``, so that the next writer of ``name`` in ``folder`` on this
+    host removes it if its process died first (killed while it filled a checkpoint or a split's token
+    ids, which can be gigabytes). Those that writers of ``name`` left are removed here; a living
+    writer's never."""
+    prefix = f".{name}.{_HOST}."
+    _remove_orphans(Path(folder), prefix)
+    return tempfile.NamedTemporaryFile(dir=folder, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp", delete=False)
 
 
 def holds_files(path: Path) -> bool:
@@ -95,11 +107,30 @@ def atomic_folder(path: Path, write: Callable[[Path], None]) -> None:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    folder = os.open(path.parent, os.O_RDONLY)
+    _sync_folder(path.parent)  # the rename itself reaches the disk
+
+
+def _sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(folder)  # the rename itself reaches the disk
+        _sync(fd, folder)
     finally:
-        os.close(folder)
+        os.close(fd)
+
+
+def _sync(fd: int, folder: Path) -> None:
+    """``os.fsync(fd)``, of a file in ``folder`` or of the folder itself; a file system that cannot
+    (EINVAL: some FUSE, SMB and 9p mounts refuse it for folders) is a :class:`DataError`."""
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in NO_SYNC:
+            raise
+        raise DataError(
+            f"folder {folder} is on a file system that refuses fsync ({error.strerror or error}), so what aiayn "
+            "writes there could be lost or cut short by a crash: choose a folder on a local disk (hydra.run.dir=, "
+            "hydra.sweep.dir=, data.cache_dir= or the output path the command takes)"
+        ) from error
 
 
 def _remove_orphans(folder: Path, prefix: str) -> None:
@@ -135,17 +166,20 @@ def same_file(a: Path, b: Path) -> bool:
 def hold_run_folder(folder: Path) -> bool:
     """Take ``folder``'s lock for the rest of this process's life (creating the folder); False when this
     process holds it already. Raises :class:`~aiayn.errors.RunFolderBusy`, naming the holder, when
-    another process does."""
+    another process does, and :class:`~aiayn.errors.DataError` when the folder's file system has no
+    locks (then nothing made here is left)."""
     folder = Path(folder)
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     key = folder.resolve()
     if key in _held:
         return False
+    created = not (folder / LOCK_FILE).exists()
     fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     deadline = time.monotonic() + 1.0  # run_folder_holder's shared lock of a moment is not a holder
     while True:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, folder)
             break
         except BlockingIOError:
             if time.monotonic() < deadline:
@@ -154,11 +188,24 @@ def hold_run_folder(folder: Path) -> bool:
             holder = _read_holder(fd)
             os.close(fd)
             raise RunFolderBusy(folder, holder) from None
+        except DataError:  # a file system without locks: what was made for the lock goes again
+            os.close(fd)
+            if created:
+                (folder / LOCK_FILE).unlink(missing_ok=True)
+            if made:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+            raise
     os.ftruncate(fd, 0)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
     _held[key] = fd
     return True
+
+
+def held_folders() -> set[Path]:
+    """The run folders (resolved) this process holds now."""
+    return set(_held)
 
 
 def release_run_folder(folder: Path) -> None:
@@ -189,12 +236,27 @@ def run_folder_holder(folder: Path) -> str | None:
     except FileNotFoundError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, Path(folder))
     except BlockingIOError:
         return _read_holder(fd)
     finally:
         os.close(fd)  # a shared lock taken here is released with the descriptor
     return None
+
+
+def _flock(fd: int, operation: int, folder: Path) -> None:
+    """``fcntl.flock`` on the lock file of the run folder ``folder``; a file system without locks is a
+    :class:`DataError` (a taken lock stays a :class:`BlockingIOError`)."""
+    try:
+        fcntl.flock(fd, operation)
+    except OSError as error:
+        if error.errno not in NO_LOCKS:
+            raise
+        raise DataError(
+            f"run folder {folder} is on a file system without file locks (flock: {error.strerror or error}), "
+            "which aiayn needs to keep a second process from writing the run: put the run on a local disk or "
+            "a file system with locks (NFS with its lock service), with hydra.run.dir= (hydra.sweep.dir= for -m)"
+        ) from error
 
 
 def _read_holder(fd: int) -> str:

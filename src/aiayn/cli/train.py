@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,25 +15,39 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 from pytorch_lightning.utilities import rank_zero_only
 
 from aiayn.cli.common import fail, quiet_libraries, reported_hydra_errors, reported_run_errors
 from aiayn.config.compose import config_dir
 from aiayn.config.naming import RUN_DIR_ENV
-from aiayn.errors import ConfigError, RunFolderBusy
+from aiayn.errors import ConfigError, DataError, RunFolderBusy
 from aiayn.experiments.run import train
-from aiayn.files import hold_run_folder, release_run_folder
+from aiayn.files import held_folders, hold_run_folder, release_run_folder
 from aiayn.training.allocator import retain_freed_memory
 
 log = logging.getLogger(__name__)
 
 
 def main() -> None:
-    """The console script: :func:`run`, with errors a user can act on reported in one line."""
+    """The console script: :func:`run`, with errors a user can act on reported in one line. The folders
+    it held are given up when it ends, however it ends (it may run inside a longer process: a test, a
+    notebook)."""
     quiet_libraries()
-    with reported_hydra_errors("aiayn-train"):
-        run()
+    before = held_folders()
+    try:
+        with reported_hydra_errors("aiayn-train"):
+            try:
+                run()
+            except InterpolationResolutionError as error:
+                # A multirun's job folder is held as Hydra resolves its name (aiayn.config.naming.job_dir).
+                cause = folder_error(error)
+                if cause is None:
+                    raise
+                fail("aiayn-train", cause, 2)
+    finally:
+        for folder in held_folders() - before:
+            release_run_folder(folder)
 
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
@@ -50,11 +65,7 @@ def run(cfg: DictConfig) -> None:
         raise SystemExit(2)
     run_dir = Path(hydra_cfg.runtime.output_dir)
     # A folder named by the user (hydra.run.dir=..., a sweep's trial folder) is never removed on errors.
-    named = (
-        any(o.startswith("hydra.run.dir=") for o in hydra_cfg.overrides.hydra)
-        or bool(os.environ.get(RUN_DIR_ENV))
-        or hydra_cfg.mode == RunMode.MULTIRUN  # a job's folder: <hydra.sweep.dir>/<job number>
-    )
+    named = named_by_user(hydra_cfg, "run") or hydra_cfg.mode == RunMode.MULTIRUN  # a job's: <sweep>/<job number>
     multirun = hydra_cfg.mode == RunMode.MULTIRUN and not os.environ.get(RUN_DIR_ENV)
     again = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else ""
     with reported_run_errors("aiayn-train", run_dir, created=not named, again=again):
@@ -70,28 +81,55 @@ class RunFolderLock(Callback):
     """Makes this process the one writer of the run's folder (:func:`aiayn.files.hold_run_folder`) as
     soon as Hydra has chosen it, before Hydra writes ``.hydra/`` into it: a second ``aiayn-train`` in a
     folder that a living run writes stops here, with exit status 2, and changes nothing in it. The
-    run's own lock in :func:`~aiayn.experiments.run.train` is then this one. A multirun's jobs (whose
-    folders Hydra chooses later) take theirs there."""
+    run's own lock in :func:`~aiayn.experiments.run.train` is then this one.
 
-    def __init__(self) -> None:
-        self.held: Path | None = None
+    A multirun (``-m``) holds its own folder likewise, before Hydra writes ``multirun.yaml`` there; each
+    job's folder is held as Hydra chooses it (:func:`aiayn.config.naming.job_dir`) and given up here when
+    the job ends (the next jobs may run for hours: the finished one can be continued meanwhile)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._hold(config, "run")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self._hold(config, "sweep")
+
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.hydra.mode == RunMode.MULTIRUN and rank_zero_only.rank == 0:
+            release_run_folder(Path(config.hydra.runtime.output_dir))
+
+    @staticmethod
+    def _hold(config: DictConfig, node: str) -> None:
+        """Hold ``hydra.<node>.dir``; a folder that another process writes, or whose file system has no
+        locks, ends the command in one line with exit status 2."""
         if rank_zero_only.rank != 0:  # a DDP rank that Lightning started: the first rank holds the folder
             return
         HydraConfig.instance().set_config(config)  # the folder's name reads the runtime choices
         try:
-            folder = Path(config.hydra.run.dir)
+            folder = Path(config.hydra[node].dir)
         except OmegaConfBaseException:
             return  # a setting in the name that cannot be resolved: Hydra reports it in a moment
         try:
-            self.held = folder if hold_run_folder(folder) else None
-        except RunFolderBusy as error:
+            hold_run_folder(folder)
+        except (RunFolderBusy, DataError) as error:
+            if isinstance(error, DataError) and not named_by_user(config.hydra, node):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # reserved for this command (aiayn.config.naming) and still empty
             fail("aiayn-train", error, 2)
 
-    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.held:  # the run ended inside a longer process (a test, a notebook)
-            release_run_folder(self.held)
+
+def folder_error(error: BaseException | None) -> RunFolderBusy | DataError | None:
+    """The :class:`RunFolderBusy` or :class:`DataError` (no locks) behind a resolver's error, if any."""
+    while error is not None and not isinstance(error, RunFolderBusy | DataError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def named_by_user(hydra_cfg: DictConfig, node: str) -> bool:
+    """``hydra.<node>.dir`` was set on the command line (or by aiayn-sweep for its trial): a folder that
+    this command did not reserve (:mod:`aiayn.config.naming`) and never removes."""
+    return any(o.startswith(f"hydra.{node}.dir=") for o in hydra_cfg.overrides.hydra) or (
+        node == "run" and bool(os.environ.get(RUN_DIR_ENV))
+    )
 
 
 def dashboard_group(cfg: DictConfig) -> str | None:

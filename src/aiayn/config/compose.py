@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from aiayn.config.naming import experiment_name, run_dir, sweep_dir
+from aiayn.config.naming import experiment_name, job_dir, multirun_dir, run_dir, sweep_dir
 
 
 def config_dir() -> str:
@@ -49,3 +49,7 @@ OmegaConf.register_new_resolver("aiayn.sweep_dir", sweep_dir, replace=True)
 # Cached: the folder is chosen once per run; Lightning reads it again when it starts the DDP ranks, and
 # resume=true must not then pick another run's folder.
 OmegaConf.register_new_resolver("aiayn.run_dir", run_dir, replace=True, use_cache=True)
+# Cached too: Hydra copies the cache into each job's config, so that every job finds the multirun's folder.
+OmegaConf.register_new_resolver("aiayn.multirun_dir", multirun_dir, replace=True, use_cache=True)
+# Not cached: each job resolves its own folder, in the process that runs it.
+OmegaConf.register_new_resolver("aiayn.job_dir", job_dir, replace=True)

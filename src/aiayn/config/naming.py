@@ -1,8 +1,9 @@
 """How a run is named and where it is written: its folder, its name and group on the dashboard.
 
 Hydra chooses a run's folder while it composes the config (``hydra.run.dir`` in conf/train.yaml calls
-:func:`run_dir` through the ``aiayn.run_dir`` resolver), so the naming sits in the config layer, and the
-sweeps and reports above it name their trials and group their runs with the same functions.
+:func:`run_dir` through the ``aiayn.run_dir`` resolver; ``hydra.sweep.dir`` and ``hydra.sweep.subdir`` of a
+multirun :func:`multirun_dir` and :func:`job_dir`), so the naming sits in the config layer, and the sweeps
+and reports above it name their trials and group their runs with the same functions.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.types import RunMode
 from lightning_fabric.utilities.rank_zero import rank_zero_only
 
-from aiayn.files import run_folder_holder
+from aiayn.files import hold_run_folder, run_folder_holder
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
 RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
@@ -115,6 +117,30 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
     if rank_zero_only.rank != 0:  # ranks started by srun or torchrun: the first one reserves the folder
         return str(runs / now)
     return str(reserved_folder(runs, now))
+
+
+def multirun_dir(now: str, mode: RunMode | None) -> str:
+    """A multirun's folder (``aiayn-train -m``; ``mode`` is ``hydra.mode``): ``outputs/multirun/<start
+    time>``, created here so that no other multirun takes it, as :func:`run_dir` does for a run: one
+    started in the same second gets ``<start time>-2``. Resolved once, in the process that launches the
+    jobs (Hydra copies the value into each job's config). Outside a multirun it is only a name."""
+    folder = Path("outputs") / "multirun"
+    if mode != RunMode.MULTIRUN or rank_zero_only.rank != 0:
+        return str(folder / now)
+    return str(reserved_folder(folder, now))
+
+
+def job_dir(sweep: str, subdir: Any) -> str:
+    """A multirun's job folder, ``subdir`` (its number) in the multirun's folder ``sweep``, held
+    (:func:`aiayn.files.hold_run_folder`) as Hydra resolves it: in the process that runs the job, and
+    before Hydra writes the job's ``.hydra/`` and log there. A job whose folder a living process writes
+    (the same multirun started twice, a run continued there by hand) stops here and changes nothing
+    in it: :class:`~aiayn.errors.RunFolderBusy`, which Hydra's resolver wraps (aiayn-train reports it in
+    one line). The folder is given up when the job ends (:class:`aiayn.cli.train.RunFolderLock`)."""
+    subdir = str(subdir)
+    if rank_zero_only.rank == 0:  # the DDP ranks of a SLURM job run the job too: the first one holds it
+        hold_run_folder(Path(sweep) / subdir)
+    return subdir
 
 
 def reserved_folder(parent: Path, name: str) -> Path:

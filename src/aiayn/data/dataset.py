@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from aiayn.files import atomic_write
+from aiayn.files import atomic_write, temporary_file
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -66,8 +65,9 @@ class EncodedTextWriter:
     def __init__(self, stem: Path, dtype: np.dtype) -> None:
         self.stem, self.dtype = stem, np.dtype(dtype)
         stem.parent.mkdir(parents=True, exist_ok=True)
-        # Closed by close() or, on failure, by __exit__, which also removes it.
-        self._raw = tempfile.NamedTemporaryFile(dir=stem.parent, prefix=f".{stem.name}.", delete=False)  # noqa: SIM115
+        # Closed by close() or, on failure, by __exit__, which also removes it; one that a killed encoder
+        # left (gigabytes at WMT scale) the next writer of this entry removes (aiayn.files.temporary_file).
+        self._raw = temporary_file(stem.parent, f"{stem.name}.raw")
         self._lengths: list[np.ndarray] = []
 
     def __enter__(self) -> EncodedTextWriter:
