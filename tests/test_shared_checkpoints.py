@@ -85,15 +85,17 @@ def test_a_stored_target_outside_aiayns_classes_is_refused_before_it_runs(
 def test_stored_strings_are_not_interpolated(tmp_path: Path, corpus_root: Path, cache_dir: Path) -> None:
     data = stored_data(corpus_root, cache_dir)
     data["src_lang"] = "${oc.env:HOME}"  # a resolver: read as text, it names no language
-    result = evaluate(checkpoint_with(tmp_path, corpus_root, cache_dir, data), "split=test")
+    result = evaluate(checkpoint_with(tmp_path, corpus_root, cache_dir, data), "split=test", f"data.root={corpus_root}")
     assert result.returncode == 2
     assert "${oc.env:HOME}" in result.stderr and str(Path.home()) not in result.stderr
 
 
 def test_the_runs_own_data_section_still_evaluates(tmp_path: Path, corpus_root: Path, cache_dir: Path) -> None:
-    result = evaluate(checkpoint_with(tmp_path, corpus_root, cache_dir), "split=test", f"output_dir={tmp_path}")
+    checkpoint = checkpoint_with(tmp_path, corpus_root, cache_dir)
+    result = evaluate(checkpoint, "split=test", f"data.root={corpus_root}", f"output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr
-    assert len((tmp_path / "shared.test.beam1-alpha0.0.hyp.txt").read_text().splitlines()) == 100
+    (hypotheses,) = tmp_path.glob("shared.test.beam1-alpha0.0.*.hyp.txt")
+    assert len(hypotheses.read_text().splitlines()) == 100
 
 
 @pytest.mark.parametrize("damage", ["unknown field", "other shapes"])
@@ -110,7 +112,8 @@ def test_a_checkpoint_whose_model_cannot_be_built_is_refused_in_one_line(
     result = evaluate(path, "split=test")
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
-    assert line.startswith(f"aiayn-eval: error: checkpoint {path} holds a model aiayn cannot build: ")
+    prefix = f"aiayn-eval: error: checkpoint {path}: hyper_parameters.model holds a model aiayn cannot build"
+    assert line.startswith(prefix)
 
 
 @pytest.mark.parametrize("data", ["a string", [1, 2], {"root": "/somewhere"}])

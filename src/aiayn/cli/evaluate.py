@@ -4,25 +4,26 @@ differ significantly (sacreBLEU's paired bootstrap). See conf/eval.yaml."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
-from omegaconf import DictConfig
+import torch
+from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.config.build import decoding_options, instantiated_from_checkpoint
 from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_lines, read_parallel
-from aiayn.errors import CheckpointError, ConfigError
+from aiayn.errors import CheckpointError, ConfigError, show
 from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
-from aiayn.model import DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
-from aiayn.training.checkpoints import load_model
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
 # What torch.load reads: a zip archive (torch.save's format) or a pickle (its legacy one). Neither can
@@ -32,36 +33,43 @@ CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
 
 def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any], checkpoint: Path) -> tuple[str, list[str], list[str]]:
     """A name for the evaluated text, its source lines and its references: the files given, or a split of
-    the corpus the checkpoint's run was trained on (its stored ``data`` section, built only from aiayn's
-    own classes)."""
+    the corpus the checkpoint's run was trained on, read from the user's ``data.root`` (or the Hub
+    dataset ``data.hub``). The stored ``data`` section only says which corpus, direction and splits
+    (:func:`~aiayn.config.build.instantiated_from_checkpoint`): a shared checkpoint never makes its
+    reader scan a folder or fetch a dataset it names."""
     if cfg.source or cfg.reference:
         if not (cfg.source and cfg.reference):
             raise ValueError("source and reference go together: set both, or neither to evaluate a split")
-        source, reference = read_parallel(Path(cfg.source), Path(cfg.reference))
+        source, reference = read_parallel(Path(cfg.source).expanduser(), Path(cfg.reference).expanduser())
         return Path(cfg.source).name, source, reference
     data = run_config.get("data") if isinstance(run_config, dict) else None
     if not isinstance(data, dict) or "_target_" not in data:
         raise CheckpointError(f"checkpoint {checkpoint} holds no data section to evaluate a split of; "
                               "give source=<file> reference=<file>")  # fmt: skip
-    # Where the data is read from and cached is the user's to say, not a shared checkpoint's.
-    data = {**data, "cache_dir": cfg.data.cache_dir}
-    if cfg.data.root is not None:
-        data["root"] = cfg.data.root
-    if isinstance(data.get("root"), str) and not Path(data["root"]).expanduser().is_dir():
-        raise ConfigError(
-            "data.root", data["root"], "(from the checkpoint's run) is not a folder; set data.root=<corpus>"
-        )
-    source, reference = instantiated_from_checkpoint(data, "data", checkpoint).split_texts(cfg.split)
+    datamodule = instantiated_from_checkpoint(data, "data", checkpoint, root=cfg.data.root, hub=cfg.data.hub)
+    source, reference = datamodule.split_texts(cfg.split)
     return cfg.split, source, reference
 
 
+def checked_settings(cfg: DictConfig) -> None:
+    """The settings that name files and texts are strings, before any model is loaded."""
+    for key in ("split", "source", "reference", "output_dir", "data.root", "data.hub"):
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not (isinstance(value, str) and value.strip()):
+            allowed = "must be train, val or test" if key == "split" else "must be a path or a name (or null)"
+            raise ConfigError(key, value, allowed)
+
+
 def output_folder(cfg: DictConfig, checkpoint: Path) -> Path:
+    """``output_dir``, else ``eval/`` in the checkpoint's run folder (beside a CTranslate2 folder). A
+    default ``eval`` that is a link (a copied run folder's) is refused: it may lead anywhere."""
     if cfg.output_dir:
-        return Path(cfg.output_dir)
+        return Path(cfg.output_dir).expanduser()
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    if checkpoint.is_dir():  # a CTranslate2 folder: beside it, not inside the model
-        return checkpoint.resolve().parent / "eval"
-    return run / "eval"
+    folder = checkpoint.resolve().parent / "eval" if checkpoint.is_dir() else run / "eval"
+    if folder.is_symlink():
+        raise ConfigError("output_dir", None, f"would be {folder}, a link; name the folder to write to")
+    return folder
 
 
 def compared_system(value: Any) -> tuple[Path, bool] | None:
@@ -80,48 +88,110 @@ def compared_system(value: Any) -> tuple[Path, bool] | None:
     return path, path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
 
 
+def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
+    """How ``translator`` decodes on ``device``: what the JSON report records for each system, and what
+    two compared systems must share."""
+    model = translator.model
+    engine = isinstance(model, EngineModel)
+    return {
+        "backend": "ctranslate2" if engine else "aiayn",
+        "compute_type": model.arithmetic if engine else None,
+        "device": str(device),
+        "decoding": translator.decoding.to_dict(),
+        "max_tokens": translator.max_tokens,
+    }
+
+
 def second_system(
-    compare: tuple[Path, bool], first_run: dict[str, Any], references: list[str], decoding: DecodingOptions,
-    cfg: DictConfig,
+    compare: tuple[Path, bool], first: Translator, first_run: dict[str, Any], checkpoint: Path,
+    references: list[str], cfg: DictConfig,
 ) -> Translator | list[str]:  # fmt: skip
-    """The ``compare=`` system, checked before anything is translated: a checkpoint's translator (same
-    decoding, batching and device as the first; same translation direction), or the file's hypotheses,
-    one per reference."""
+    """The ``compare=`` system, checked before anything is translated: a checkpoint's translator, which
+    decodes exactly as ``first`` does (the same backend, compute type, device, decoding options and
+    batches; an engine folder's checkpoint is converted for the engine with its arithmetic) and
+    translates in the same direction; or the file's hypotheses, one per reference."""
     system, is_checkpoint = compare
-    if is_checkpoint:
-        try:
-            model, tokenizer, run_config = load_model(system, resolve_device(cfg.device))
-        except CheckpointError as error:
-            raise CheckpointError(f"compare={system}: {error}") from None
-        first, second = direction(first_run), direction(run_config)
-        if first and second and first != second:
-            allowed = f"translates {'→'.join(second)}, checkpoint= {'→'.join(first)}; compare systems of one direction"
+    if not is_checkpoint:
+        hypotheses = read_lines(system)
+        if len(hypotheses) != len(references):
+            lines = f"has {len(hypotheses)} lines but there are {len(references)} references"
+            allowed = f"{lines}; give one hypothesis per reference"
             raise ConfigError("compare", str(system), allowed)
-        return Translator(model, tokenizer, decoding, max_tokens=cfg.max_tokens)
-    hypotheses = read_lines(system)
-    if len(hypotheses) != len(references):
+        return hypotheses
+    device = resolve_device(cfg.device)
+    wanted = settings_of(first, device)
+    backend, compute_type = wanted["backend"], wanted["compute_type"] or "default"
+    try:
+        model, tokenizer, run_config = load_translation_model(system, backend, device, compute_type)
+    except CheckpointError as error:
+        raise CheckpointError(f"compare={system}: {error}") from None
+    first_direction, second_direction = direction(first_run, checkpoint), direction(run_config, system)
+    if first_direction and second_direction and first_direction != second_direction:
         allowed = (
-            f"has {len(hypotheses)} lines but there are {len(references)} references; give one hypothesis per reference"
+            f"translates {'→'.join(second_direction)}, checkpoint= {'→'.join(first_direction)}; "
+            "compare systems of one direction"
         )
         raise ConfigError("compare", str(system), allowed)
-    return hypotheses
+    second = Translator(model, tokenizer, first.decoding, max_tokens=first.max_tokens)
+    if (got := settings_of(second, device)) != wanted:
+        differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
+        raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
+    return second
 
 
-def direction(run_config: dict[str, Any]) -> tuple[str, str] | None:
-    """(source language, target language) of a checkpoint's run, when its config says."""
+def direction(run_config: dict[str, Any], checkpoint: Path) -> tuple[str, str] | None:
+    """(source language, target language) of a checkpoint's run, when its config says; a stored
+    language that is not a string is a :class:`CheckpointError` naming it."""
     data = run_config.get("data") if isinstance(run_config, dict) else None
-    langs = (data.get("src_lang"), data.get("tgt_lang")) if isinstance(data, dict) else (None, None)
-    return langs if None not in langs else None
+    if not isinstance(data, dict) or data.get("src_lang") is None or data.get("tgt_lang") is None:
+        return None
+    for key in ("src_lang", "tgt_lang"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise CheckpointError(
+                f"checkpoint {checkpoint}: its stored data.{key}={show(data[key])} is not a language code; "
+                "a checkpoint aiayn-train wrote holds one (en, de, ...)"
+            )
+    return data["src_lang"], data["tgt_lang"]
 
 
-def comparison_report(test: PairedBootstrap, system: Path, is_checkpoint: bool, hypotheses: Path) -> dict[str, Any]:
+def texts_digest(source: Sequence[str], reference: Sequence[str]) -> str:
+    """SHA-256 of the evaluated text and its references, line by line (a line's length goes first, so
+    that the line boundaries count)."""
+    digest = hashlib.sha256()
+    for lines in (source, reference):
+        digest.update(f"{len(lines)}\n".encode())
+        for line in lines:
+            encoded = line.encode("utf-8", "surrogatepass")
+            digest.update(f"{len(encoded)}:".encode() + encoded)
+    return digest.hexdigest()
+
+
+def file_identity(path: Path) -> list[Any]:
+    """The resolved path, size and modification time of a checkpoint (of each file of a folder): a
+    checkpoint written again (a newer best.ckpt) is another system."""
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return [str(path.resolve()), *([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file())]
+
+
+def output_digest(identity: dict[str, Any]) -> str:
+    """A short name for everything that defines an evaluation's outputs: the checkpoint, the texts,
+    how both systems decode, the scores asked for and the compared system. Two evaluations that
+    differ in any of these write different files; the same evaluation again replaces its own."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def comparison_report(
+    test: PairedBootstrap, system: Path, is_checkpoint: bool, hypotheses: Path, settings: dict[str, Any] | None
+) -> dict[str, Any]:
     """The JSON report's ``compare`` section: the second system's sacreBLEU, its difference to the first
-    (``checkpoint=``, the test's baseline) with the 95% interval, and the p-value."""
+    (``checkpoint=``, the test's baseline) with the 95% interval, the p-value, and how it was decoded
+    (``settings``, the first system's; null for a file of hypotheses, decoded elsewhere)."""
     baseline, other = test.systems
     return {
         "system": str(system),
         "kind": "checkpoint" if is_checkpoint else "hypotheses",
         "hypotheses": str(hypotheses),
+        "settings": settings,
         "sacrebleu": other.bleu,
         "sacrebleu_mean": other.mean,
         "sacrebleu_ci": other.ci,
@@ -164,38 +234,50 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-eval"):
         checkpoint = required_checkpoint(cfg.checkpoint)
+        checked_settings(cfg)
         if cfg.tokenized_bleu not in ("auto", True, False):
             raise ConfigError("tokenized_bleu", cfg.tokenized_bleu, "must be auto, true or false")
         compare = compared_system(cfg.compare)
-        model, tokenizer, run_config = load_translation_model(
-            checkpoint, cfg.backend, resolve_device(cfg.device), cfg.compute_type
-        )
-        name, source, reference = evaluation_texts(cfg, run_config, checkpoint)
         decoding = decoding_options(cfg.decoding)
-        second = second_system(compare, run_config, reference, decoding, cfg) if compare else None
+        device = resolve_device(cfg.device)
+        model, tokenizer, run_config = load_translation_model(checkpoint, cfg.backend, device, cfg.compute_type)
         translator = Translator(model, tokenizer, decoding, max_tokens=cfg.max_tokens)
-        start = time.perf_counter()
-        hypotheses = translator.translate(source)
-        seconds = time.perf_counter() - start
-
-        tgt_lang = (direction(run_config) or (None, None))[1]
+        tgt_lang = (direction(run_config, checkpoint) or (None, None))[1]
+        name, source, reference = evaluation_texts(cfg, run_config, checkpoint)
+        second = second_system(compare, translator, run_config, checkpoint, reference, cfg) if compare else None
         wants_tokenized = cfg.tokenized_bleu is True or (
             cfg.tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS
         )
-        scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
+        settings = settings_of(translator, device)
+        texts = texts_digest(source, reference)
+        identity = {
+            "checkpoint": file_identity(checkpoint),
+            "texts": texts,
+            "settings": settings,
+            "tokenized_bleu": tgt_lang if wants_tokenized else None,
+            "compare": [*file_identity(compare[0]), compare[1]] if compare else None,
+        }
         folder = output_folder(cfg, checkpoint)
-        folder.mkdir(parents=True, exist_ok=True)
-        # The engine's results never replace ours, nor those of another arithmetic or exported folder.
+        # Named by what defines them (identity): another text of the same file name, other options or
+        # another compared system never replace these files.
         engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
         system = checkpoint.resolve().name if checkpoint.is_dir() else checkpoint.stem
-        stem = f"{system}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}"
+        stem = f"{system}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}.{output_digest(identity)}"
+
+        start = time.perf_counter()
+        hypotheses = translator.translate(source)
+        seconds = time.perf_counter() - start
+        scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
+        folder.mkdir(parents=True, exist_ok=True)
         hyp_file = folder / f"{stem}.hyp.txt"
         atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
         report = {
             "checkpoint": str(checkpoint),
             "evaluated": name,
-            "backend": "ctranslate2" if engine else "aiayn",
+            "texts_sha256": texts,
+            "backend": settings["backend"],
             **({"compute_type": model.arithmetic} if engine else {}),
+            "settings": settings,
             "sentences": len(source),
             "decoding": decoding.to_dict(),
             **scores,
@@ -205,13 +287,14 @@ def run(cfg: DictConfig) -> None:
         }
         test = None
         if compare is not None:
-            system, is_checkpoint = compare
-            other, other_file = second, system
+            system_path, is_checkpoint = compare
+            other, other_file, other_settings = second, system_path, None
             if isinstance(second, Translator):  # named after both: two runs' best.ckpt must not share one file
-                other, other_file = second.translate(source), folder / f"{stem}.compare-{system.stem}.hyp.txt"
+                other_file = folder / f"{stem}.compare-{system_path.stem}.hyp.txt"
+                other, other_settings = second.translate(source), settings_of(second, device)
                 atomic_write(other_file, "".join(line + "\n" for line in other))
-            test = paired_bootstrap([(str(checkpoint), hypotheses), (str(system), other)], reference)
-            report["compare"] = comparison_report(test, system, is_checkpoint, other_file)
+            test = paired_bootstrap([(str(checkpoint), hypotheses), (str(system_path), other)], reference)
+            report["compare"] = comparison_report(test, system_path, is_checkpoint, other_file, other_settings)
         atomic_write(folder / f"{stem}.json", json.dumps(report, indent=2) + "\n")
         print(f"sacreBLEU {scores['sacrebleu']:.2f}  {scores['sacrebleu_signature']}  (detokenized; compare this one)")
         print(f"chrF      {scores['chrf']:.2f}  {scores['chrf_signature']}")

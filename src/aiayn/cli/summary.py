@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import sys
+import tempfile
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 from torch import nn
 
@@ -50,9 +53,22 @@ def summarize(cfg: DictConfig) -> dict[str, Any]:
 
 
 def main() -> None:
-    """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
-    with reported_hydra_errors("aiayn-summary"):
-        run()
+    """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line.
+
+    A summary leaves nothing where it runs: ``-m``'s sweep folder (Hydra writes ``multirun.yaml`` and a
+    folder per job into it) is a temporary one, removed at the end."""
+    argv = sys.argv
+    # Composing merges this config's hydra.run.dir over train's, and OmegaConf resolves train's on the way:
+    # with an earlier run's Hydra state left in this process (a notebook, a test), its resolver would
+    # reserve a run folder here. Without that state it cannot resolve, as in a fresh process.
+    HydraConfig.instance().cfg = None
+    with tempfile.TemporaryDirectory(prefix="aiayn-summary-") as scratch:
+        sys.argv = [*argv, f"hydra.sweep.dir={scratch}"]
+        try:
+            with reported_hydra_errors("aiayn-summary"):
+                run()
+        finally:
+            sys.argv = argv
 
 
 @hydra.main(config_path=config_dir(), config_name="summary", version_base="1.3")

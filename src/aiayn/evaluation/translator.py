@@ -148,7 +148,9 @@ def load_translation_model(
         )
     model, tokenizer, run_config = load_model(path, device)
     if backend == "ctranslate2":
-        return engine_of(model, tokenizer, run_config, device, compute_type), tokenizer, run_config
+        # The temporary engine folder's provenance gets no run config: the stored one is returned as it
+        # is, and a shared checkpoint's values (bytes, any nesting) need not be JSON.
+        return engine_of(model, tokenizer, {}, device, compute_type), tokenizer, run_config
     return model, tokenizer, run_config
 
 
