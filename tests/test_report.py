@@ -147,9 +147,17 @@ def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_va
             fake_run(tmp_path / "sweep" / f"{encoding},{seed}", overrides, 20.0, 9.0, **extra)
     markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "sweep")
     rows = table_rows(markdown)
-    base, learned, none = (rows[f"model.positional={encoding}"] for encoding in runs)
-    assert (base["checkpoint"], learned["checkpoint"], none["checkpoint"]) == ("best", "final", "mixed")
-    assert [row["BLEU (val, best)"] for row in (base, learned, none)] == ["-", "24.00 ± 1.41", "9.00"]
+    base, learned = (rows[f"model.positional={encoding}"] for encoding in ("sinusoidal", "learned"))
+    # seeds scored on different checkpoints are two settings, never one mean: the label tells them apart
+    final, best = (rows[f"model.positional=none [checkpoint={kind}]"] for kind in ("final", "best"))
+    assert len(rows) == 4 and (final["seeds"], best["seeds"]) == ("1", "1")
+    assert (base["checkpoint"], learned["checkpoint"], final["checkpoint"], best["checkpoint"]) == (
+        "best",
+        "final",
+        "final",
+        "best",
+    )
+    assert [row["BLEU (val, best)"] for row in (base, learned, final, best)] == ["-", "24.00 ± 1.41", "9.00", "-"]
     assert "from the checkpoint named in the checkpoint column" in markdown
     assert "BLEU (val, best): the best validation BLEU any validation of the run saw" in markdown
     only_best = tmp_path / "best"
@@ -159,6 +167,7 @@ def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_va
 
 
 def test_without_a_paired_test_the_p_value_is_a_dash_and_the_reason_is_given(tmp_path: Path, corpus_root: Path) -> None:
+    # the references are read from the corpus folder the reader gives (data_root), whatever a run's config says
     references = read_lines(corpus_root / "test_2016_flickr.de")
     corpus = [f"data.root={corpus_root}", "data.eval_limit=16"]
     sweep = tmp_path / "sweep"
@@ -172,22 +181,23 @@ def test_without_a_paired_test_the_p_value_is_a_dash_and_the_reason_is_given(tmp
     fake_run(sweep / "fewer,2", fewer, 20.0, 9.0, hypotheses=references[:8])
     shorter = ["model=tiny", *corpus, "model.d_ff=16", "seed=1"]
     fake_run(sweep / "shorter,1", shorter, 20.0, 9.0, hypotheses=references[:15])
-    markdown, _ = write_report([sweep], sweep)
+    markdown, _ = write_report([sweep], sweep, data_root=corpus_root)
+    here, gone_corpus = (f"[corpus=Multi30k {root} (test split test)]" for root in (corpus_root, tmp_path / "gone"))
     first, *others = table_rows(markdown).values()
-    assert first["setting"] == "data.eval_limit=16" and first["p (test)"] == ""  # the baseline
+    assert first["setting"] == f"data.eval_limit=16 {here}" and first["p (test)"] == ""  # the baseline
     assert [row["p (test)"] for row in others] == ["-"] * 5
     reasons = dict(
         line.removeprefix("p (test) of ").split(": -, ", 1) for line in markdown.splitlines() if ": -, " in line
     )
     run = sweep.resolve()
     assert reasons == {
-        "data.eval_limit=16 model.n_heads=2": f"{run / 'heads,1' / 'test.hyp.txt'} does not exist.",
-        "data.eval_limit=16 model.n_heads=1": "no seed in common with the first row.",
-        "model.d_ff=64": f"the test references of {run / 'gone,1'} cannot be read (data.root={tmp_path / 'gone'} is "
-        "not a folder; give the folder of the Multi30k files).",
-        "data.eval_limit=8 model.d_ff=32": f"seed 2: {run / 'base,2'} and {run / 'fewer,2'} were tested on different "
-        "references.",
-        "data.eval_limit=16 model.d_ff=16": f"{run / 'shorter,1' / 'test.hyp.txt'} has 15 lines for 16 test "
+        f"data.eval_limit=16 model.n_heads=2 {here}": f"{run / 'heads,1' / 'test.hyp.txt'} does not exist.",
+        f"data.eval_limit=16 model.n_heads=1 {here}": "no seed in common with the first row.",
+        f"model.d_ff=64 {gone_corpus}": f"tested with corpus {gone_corpus[8:-1]}, the first row with corpus "
+        f"{here[8:-1]}.",
+        f"data.eval_limit=8 model.d_ff=32 {here}": f"seed 2: {run / 'base,2'} and {run / 'fewer,2'} were tested on "
+        "different references.",
+        f"data.eval_limit=16 model.d_ff=16 {here}": f"{run / 'shorter,1' / 'test.hyp.txt'} has 15 lines for 16 test "
         "references.",
     }
 

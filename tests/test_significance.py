@@ -115,19 +115,25 @@ def evaluate(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.Ca
 
 
 def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_checkpoint(
-    smoke: Path, references: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    smoke: Path,
+    references: list[str],
+    corpus_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
 ) -> None:
     step6, step12 = smoke / "checkpoints" / "step0000006.ckpt", smoke / "checkpoints" / "step0000012.ckpt"
     hypotheses = tmp_path / "system.de"
     system = perturbed(references, 0.2, 4)  # far better than 12 steps of training
     hypotheses.write_text("".join(line + "\n" for line in system), encoding="utf-8")
     # both checkpoints decode the same way: greedy, at most 3 tokens past the source length (seconds)
-    common = [f"checkpoint={step12}", "split=test", "decoding=greedy", "decoding.max_len_offset=3",
-              f"output_dir={tmp_path / 'eval'}"]  # fmt: skip
+    common = [f"checkpoint={step12}", "split=test", f"data.root={corpus_root}", "decoding=greedy",
+              "decoding.max_len_offset=3", f"output_dir={tmp_path / 'eval'}"]  # fmt: skip
 
     status, printed = evaluate([*common, f"compare={hypotheses}"], monkeypatch, capsys)
     assert status == 0, printed
-    report = json.loads((tmp_path / "eval" / "step0000012.test.beam1-alpha0.0.json").read_text())
+    (written,) = (tmp_path / "eval").glob("step0000012.test.beam1-alpha0.0.*.json")
+    report = json.loads(written.read_text())
     ours = read_lines(Path(report["hypotheses"]))
     (base, other) = sacrebleu_directly([ours, system], references)
     compared = report["compare"]
@@ -148,11 +154,14 @@ def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_check
 
     status, printed = evaluate([*common, f"compare={step6}"], monkeypatch, capsys)
     assert status == 0, printed
-    report = json.loads((tmp_path / "eval" / "step0000012.test.beam1-alpha0.0.json").read_text())
+    (compared_with_step6,) = set((tmp_path / "eval").glob("*.json")) - {written}  # the first is still there
+    report = json.loads(compared_with_step6.read_text())
     compared = report["compare"]
     assert compared["kind"] == "checkpoint" and compared["system"] == str(step6)
+    assert compared["settings"] == report["settings"]  # decoded exactly as checkpoint= (item 9 of issue 26)
     theirs = read_lines(Path(compared["hypotheses"]))
-    assert Path(compared["hypotheses"]).name == "step0000012.test.beam1-alpha0.0.compare-step0000006.hyp.txt"
+    stem = compared_with_step6.name.removesuffix(".json")
+    assert Path(compared["hypotheses"]).name == f"{stem}.compare-step0000006.hyp.txt"
     (base, other) = sacrebleu_directly([read_lines(Path(report["hypotheses"])), theirs], references)
     assert (compared["sacrebleu"], compared["p_value"]) == (other.score, other.p_value)
     assert compared["difference"] == pytest.approx(other.score - base.score)
@@ -206,7 +215,7 @@ def test_the_reports_p_value_is_sacrebleus_on_the_concatenated_seeds(
                 smoke, tmp_path / "sweep" / f"model.positional={positional},seed={seed}", positional, seed, hypotheses
             )
             systems[positional] += hypotheses
-    markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "report")
+    markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "report", data_root=corpus_root)
     rows = table_rows(markdown)
     first, second = rows  # the first found (learned) is the baseline
     _, other = sacrebleu_directly([systems[first.split("=")[1]], systems[second.split("=")[1]]], tested * 3)

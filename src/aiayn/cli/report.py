@@ -1,18 +1,27 @@
 """``aiayn-report <run folders or sweep folders>``: a Table-3-style markdown table and plots of finished runs.
 
-Writes ``report.md`` and ``bleu_ppl_vs_<axis>.png`` into the folder given (or ``--out``) and prints the
-table, with each setting's test BLEU tested against the first row's (sacreBLEU's paired bootstrap on the
-runs' ``test.hyp.txt``, paired by seed; the test references are read from each run's corpus). With W&B
-online (logged in, or ``--wandb online``) it also logs the table and the plots to a W&B run of job type
-``report``.
+Writes ``report.md`` and ``bleu_ppl_vs_<axis>.png`` into ``--out`` (default: the first folder given) and
+prints the table, with each setting's test BLEU tested against the first row's (sacreBLEU's paired
+bootstrap on the runs' ``test.hyp.txt``, paired by seed; the test references are read from the corpus
+folder ``--data-root`` names, never from where a run's config says). With W&B online (logged in, or
+``--wandb online``) it also logs the table and the plots to a W&B run of job type ``report``, whose files
+go into ``--out`` too.
+
+The folders may be someone else's: a malformed run or sweep found in them is skipped with one warning
+line naming the file and the field; one named directly (its folder, or its results.json, config.yaml or
+sweep.json) is refused with exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import re
+import sys
 from pathlib import Path
 
 from aiayn.cli.common import reported_as_usage_errors
+from aiayn.experiments.report import log as report_log
 from aiayn.experiments.report import write_report
 from aiayn.training.loggers import WANDB_MODES, wandb_mode
 
@@ -23,8 +32,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="A Table-3-style markdown table and plots of finished runs, with paired bootstrap p-values "
         "of each setting's test BLEU against the first row's.",
     )
-    parser.add_argument("paths", type=Path, nargs="+", help="run folders, sweep folders, or folders holding them")
-    parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first path)")
+    parser.add_argument(
+        "paths", type=Path, nargs="+", help="run folders, sweep folders, folders holding them, or a run's results.json"
+    )
+    parser.add_argument("--out", type=Path, help="where report.md and the plots go (default: the first folder)")
+    parser.add_argument(
+        "--data-root",
+        type=Path,
+        help="your copy of the runs' corpus, which the test references of the p-values are read from "
+        "(default: none; the p-values are then left out)",
+    )
     parser.add_argument("--wandb", choices=WANDB_MODES, default="auto", help="W&B for the report (auto: if logged in)")
     parser.add_argument("--project", default="aiayn", help="the W&B project of the report run")
     return parser.parse_args(argv)
@@ -35,8 +52,10 @@ def log_to_wandb(markdown: str, plots: list[Path], mode: str, project: str, outp
     a W&B run; returns where the run is."""
     import wandb
 
-    rows = [line.strip("|").split("|") for line in markdown.splitlines() if line.startswith("| ")]
-    header, *body = [[cell.strip() for cell in row] for row in rows]
+    # cells are split at the pipes between them, not at those escaped inside a cell (an override's: \|)
+    rows = [re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|")) for line in markdown.splitlines()
+            if line.startswith("| ")]  # fmt: skip
+    header, *body = [[cell.strip().replace("\\|", "|") for cell in row] for row in rows]
     run = wandb.init(project=project, job_type="report", name=f"report {output.name}", mode=mode, dir=str(output))
     try:
         run.log({"table3": wandb.Table(columns=header, data=body), **{p.stem: wandb.Image(str(p)) for p in plots}})
@@ -45,15 +64,34 @@ def log_to_wandb(markdown: str, plots: list[Path], mode: str, project: str, outp
         run.finish()
 
 
+class WarningLines(logging.Handler):
+    """The report's warnings (a malformed file skipped) as ``aiayn-report: warning: ...`` lines on the
+    standard error of the moment (a test's captured one, too)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.setFormatter(logging.Formatter("aiayn-report: warning: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if not any(isinstance(handler, WarningLines) for handler in report_log.handlers):
+        report_log.addHandler(WarningLines())
     with reported_as_usage_errors("aiayn-report"):
-        output = args.out or args.paths[0]
-        markdown, plots = write_report(args.paths, output)
+        if args.data_root is not None and not args.data_root.is_dir():
+            raise ValueError(f"--data-root {args.data_root} is not a folder; give your copy of the runs' corpus")
+        first = args.paths[0]
+        output = args.out or (first.parent if first.is_file() else first)  # a results.json given: its folder
+        markdown, plots = write_report(args.paths, output, args.data_root)
         print(markdown)
         print(f"written: {output / 'report.md'}" + "".join(f", {p}" for p in plots))
         mode, _ = wandb_mode(args.wandb)
         if mode == "online" or args.wandb == "offline":
+            if (output / "wandb").is_symlink():  # W&B writes into <out>/wandb: a link would take it elsewhere
+                raise ValueError(f"{output / 'wandb'} is a link; remove it or give --out <another folder>")
             print(f"W&B: {log_to_wandb(markdown, plots, mode, args.project, output)}")
 
 

@@ -73,6 +73,7 @@ class RunResults:
     averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
+    data_cache: str  # the data's cache entry: corpus content, direction and vocabulary (what aiayn-report keys by)
     skipped_steps: int  # non-finite loss or gradients (aiayn.training.callbacks.faults)
     overflow_steps: int  # fp16 steps the gradient scaler skipped
     wall_s: float
@@ -171,6 +172,7 @@ def train(
                 resumed_from=str(resume) if resume else None,
                 batch=batching,
                 data=datamodule.filtered,
+                data_cache=datamodule.cache_folder().name,
                 skipped_steps=run.guard.skipped,
                 overflow_steps=run.guard.overflows,
                 wall_s=time.perf_counter() - start,
