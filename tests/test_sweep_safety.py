@@ -307,3 +307,39 @@ def test_ctrl_c_stops_real_trials_which_save_and_continue(
     results = json.loads((run_dir / "results.json").read_text())
     assert results["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt") and results["steps"] == 12
     assert trial["state"] == "finished" and trial["metric"] == results["val_bleu"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("run_dir", "../../elsewhere"),
+        ("run_dir", "/etc"),
+        ("number", "1"),
+        ("params", ["model.n_heads=8"]),
+        ("params", {"model.n_heads": {"_target_": "os.system"}}),
+        ("state", "done"),
+        ("command", "aiayn-train; rm -rf ~"),
+        ("returncode", "0"),
+        ("metric", float("nan")),
+        ("metric", "12.5"),
+        ("seconds", -1),
+        ("error", 3),
+        ("launcher", "ssh"),
+        ("job_id", "12; scancel -u $USER"),
+        ("devices", "0,1"),
+    ],
+)
+def test_a_trial_record_aiayn_does_not_write_is_refused_in_one_line(field: str, value: object, tmp_path: Path) -> None:
+    """``sweep.json`` comes with a copied sweep folder: each trial's fields have the types the runner writes
+    (it prints them, hands them to W&B's sweep engine, starts commands and jobs from them)."""
+    config = {"method": "grid", "parameters": {"model.n_heads": {"values": [4, 8]}}}
+    trial = {"number": 1, "params": {"model.n_heads": 4}, "state": "finished", "command": ["aiayn-train"],
+             "run_dir": "trial-0001", "returncode": 0, "metric": 10.0, "seconds": 3.0, field: value}  # fmt: skip
+    (tmp_path / STATE_FILE).write_text(json.dumps({"config": config, "trials": [trial]}))
+    with pytest.raises(SweepError) as refused:
+        SweepState.open(tmp_path, config, tmp_path / "sweep.yaml")
+    assert "\n" not in str(refused.value) and field in str(refused.value) and STATE_FILE in str(refused.value)
+    del trial[field]
+    if field not in ("number", "params"):  # without the odd field, the same record opens
+        (tmp_path / STATE_FILE).write_text(json.dumps({"config": config, "trials": [trial]}))
+        assert SweepState.open(tmp_path, config, tmp_path / "sweep.yaml").trials[0].number == 1

@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
+from aiayn.errors import is_number, show, whole
 from aiayn.experiments.launchers import (
     JOB_ID,
     LAUNCHERS,
@@ -354,8 +355,33 @@ def check_trial_record(path: Path, trial: Trial) -> None:
         isinstance(trial.devices, list) and all(isinstance(d, str) for d in trial.devices)
     ):
         raise SweepError(f"{path}: trial {trial.number}'s devices {trial.devices!r} are not device names")
-    if not isinstance(trial.number, int) or isinstance(trial.number, bool):
-        raise SweepError(f"{path}: a trial's number {trial.number!r} is not a whole number")
+    if not whole(trial.number, 0):
+        raise SweepError(f"{path}: a trial's number {show(trial.number):.40} is not a whole number")
+    # Every other field is read back (printed, compared, passed to the sweep engine): the types aiayn writes.
+    kinds: dict[str, Callable[[Any], bool]] = {
+        "params": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _scalar(x) for k, x in v.items()),
+        "state": lambda v: v in (FINISHED, FAILED, RUNNING, INTERRUPTED),
+        "command": lambda v: isinstance(v, list) and all(isinstance(part, str) for part in v),
+        "returncode": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+        "metric": lambda v: v is None or is_number(v),
+        "seconds": lambda v: v is None or (is_number(v) and v >= 0),
+        "error": lambda v: v is None or isinstance(v, str),
+        "launcher": lambda v: v is None or v in LAUNCHERS,
+        "job_state": lambda v: v is None or isinstance(v, str),
+    }
+    for name, fits in kinds.items():
+        if not fits(getattr(trial, name)):
+            raise SweepError(
+                f"{path}: trial {trial.number}'s {name}={show(getattr(trial, name)):.60} is not what aiayn-sweep "
+                "writes there; move the file away to start the sweep afresh"
+            )
+
+
+def _scalar(value: Any) -> bool:
+    """A swept value as W&B sweep files give them: a number, a string, a flag, null, or a list of them."""
+    if isinstance(value, list):
+        return all(_scalar(item) and not isinstance(item, list) for item in value)
+    return value is None or isinstance(value, str | bool) or is_number(value)
 
 
 def default_folder(config: dict[str, Any], source: Path) -> Path:
