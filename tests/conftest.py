@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,12 +43,32 @@ def smoke_run_dir(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.T
     from helpers.runs import smoke_run, train_in_process
 
     run_dir = tmp_path_factory.mktemp("smoke") / "run"
-    fast = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
+    from helpers.runs import SMOKE_RUN_EXTRA
+
+    argv = [*smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA), f"hydra.run.dir={run_dir}"]
     with pytest.MonkeyPatch.context() as monkeypatch:
-        assert (
-            train_in_process([*smoke_run(corpus_root, cache_dir, *fast), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
-        )
+        assert train_in_process(argv, monkeypatch) == 0
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def smoke_restorer(smoke_run_dir: Path, corpus_root: Path, cache_dir: Path) -> Any:
+    """The check (:class:`~aiayn.training.restored_state.RestoredState`) that a resume of the smoke run
+    passes its checkpoints through, on a module and trainer built as ``aiayn-train`` builds them."""
+    from omegaconf import OmegaConf
+
+    from aiayn.config.build import module_kwargs
+    from aiayn.config.compose import compose_run_config
+    from aiayn.experiments.run import build_trainer, run_callbacks
+    from aiayn.training.module import TranslationModule
+    from aiayn.training.restored_state import RestoredState
+    from helpers.runs import SMOKE_RUN_EXTRA, smoke_run
+
+    cfg = compose_run_config(smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA))
+    module = TranslationModule(**module_kwargs(cfg))
+    callbacks = run_callbacks(cfg, smoke_run_dir, OmegaConf.to_container(cfg, resolve=True), [], "quiet")
+    module.trainer = build_trainer(cfg.trainer, smoke_run_dir, "quiet", callbacks.all(), [], module)
+    return RestoredState(smoke_run_dir / "checkpoints", module)
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ generator states end the resume in one line naming the file and the field."""
 from __future__ import annotations
 
 import copy
+import csv
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -14,20 +16,16 @@ from typing import Any
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
-from aiayn.config.build import module_kwargs
-from aiayn.config.compose import compose_run_config
 from aiayn.errors import CheckpointError
-from aiayn.experiments.run import build_trainer, run_callbacks
+from aiayn.experiments.resume import NOT_COMPARED
 from aiayn.training.checkpoints import RunCheckpointIO, remove_plain_file
-from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
-from helpers.runs import smoke_run, train_in_process
+from aiayn.training.schedule import NoamSchedule
+from helpers.runs import SMOKE_RUN_EXTRA, smoke_run, train_in_process
 
 BEST = "ModelCheckpoint{'monitor': 'val/bleu', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"  # noqa: E501
 STEPS = "ModelCheckpoint{'monitor': 'step', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"  # noqa: E501
-SMOKE = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
 
 
 def copy_of(run_dir: Path, tmp_path: Path) -> Path:
@@ -53,7 +51,12 @@ def sentinel_tree(tmp_path: Path) -> Path:
 
 
 def resume(run: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, *extra: str) -> int:
-    argv = [*smoke_run(corpus_root, cache_dir, *SMOKE), f"hydra.run.dir={run}", "trainer.max_steps=18", *extra]
+    argv = [
+        *smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA),
+        f"hydra.run.dir={run}",
+        "trainer.max_steps=18",
+        *extra,
+    ]
     return train_in_process(argv, monkeypatch)
 
 
@@ -112,18 +115,6 @@ def test_a_checkpoint_from_another_folder_continues_without_its_bookkeeping(
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt", "step0000018.ckpt"]
 
 
-@pytest.fixture(scope="module")
-def restorer(smoke_run_dir: Path, corpus_root: Path, cache_dir: Path) -> RestoredState:
-    """The check a resume of the smoke run goes through, on a trainer built as aiayn-train builds it."""
-    cfg = compose_run_config(smoke_run(corpus_root, cache_dir, *SMOKE))
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    module = TranslationModule(**module_kwargs(cfg))
-    callbacks = run_callbacks(cfg, smoke_run_dir, resolved, [], "quiet")
-    trainer = build_trainer(cfg.trainer, smoke_run_dir, "quiet", callbacks.all(), [], module)
-    module.trainer = trainer
-    return RestoredState(smoke_run_dir / "checkpoints", module)
-
-
 @pytest.mark.parametrize(
     ("field", "change"),
     [
@@ -149,14 +140,14 @@ def restorer(smoke_run_dir: Path, corpus_root: Path, cache_dir: Path) -> Restore
     ],
 )
 def test_training_state_aiayn_does_not_write_is_refused_naming_the_field(
-    restorer: RestoredState, smoke_run_dir: Path, field: str, change: Callable[[dict[str, Any]], None]
+    smoke_restorer: RestoredState, smoke_run_dir: Path, field: str, change: Callable[[dict[str, Any]], None]
 ) -> None:
     path = smoke_run_dir / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(path, weights_only=True)
-    restorer(copy.deepcopy(checkpoint), path)  # as written, it passes
+    smoke_restorer(copy.deepcopy(checkpoint), path)  # as written, it passes
     change(checkpoint)
     with pytest.raises(CheckpointError) as refused:
-        restorer(checkpoint, path)
+        smoke_restorer(checkpoint, path)
     message = str(refused.value)
     assert "\n" not in message and str(path) in message and field in message, message
 
@@ -191,21 +182,21 @@ def test_a_foreign_optimizer_rule_ends_the_resume_in_one_line_before_any_step(
     ],
 )
 def test_a_tracker_naming_anything_but_a_file_of_the_run_is_dropped(
-    restorer: RestoredState, smoke_run_dir: Path, tmp_path: Path, named: str
+    smoke_restorer: RestoredState, smoke_run_dir: Path, tmp_path: Path, named: str
 ) -> None:
     folder = smoke_run_dir / "checkpoints"
     path = folder / "last.ckpt"
     checkpoint = torch.load(path, weights_only=True)
-    assert set(restorer(copy.deepcopy(checkpoint), path)["callbacks"]) >= {BEST, STEPS}
+    assert set(smoke_restorer(copy.deepcopy(checkpoint), path)["callbacks"]) >= {BEST, STEPS}
     value = named.format(victim=sentinel_tree(tmp_path), folder=folder)
     for field in ("best_model_path", "kth_best_model_path", "last_model_path", "best_k_models"):
         changed = copy.deepcopy(checkpoint)
         tracker = changed["callbacks"][BEST]
         tracker[field] = {value: torch.tensor(1.0)} if field == "best_k_models" else value
-        assert BEST not in restorer(changed, path)["callbacks"], (field, value)
+        assert BEST not in smoke_restorer(changed, path)["callbacks"], (field, value)
     moved = copy.deepcopy(checkpoint)
     moved["callbacks"][STEPS]["dirpath"] = str(tmp_path)
-    assert STEPS not in restorer(moved, path)["callbacks"]
+    assert STEPS not in smoke_restorer(moved, path)["callbacks"]
 
 
 def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
@@ -249,3 +240,77 @@ def test_deletion_removes_only_plain_files_directly_inside_the_folder(tmp_path: 
     assert (folder / "step0000006.ckpt").exists() and (folder / "sub").is_dir()
     RunCheckpointIO(folder).remove_checkpoint(str(folder / "step0000006.ckpt"))
     assert not (folder / "step0000006.ckpt").exists()
+
+
+def rebased(checkpoint: dict[str, Any], original: Path, here: Path) -> None:
+    """The trackers' paths of a run's checkpoint moved from ``original`` to ``here``: the run as it
+    would be had it been trained in this folder."""
+    for key in (BEST, STEPS):
+        text = repr(checkpoint["callbacks"][key])
+        tracker = checkpoint["callbacks"][key]
+        for field in ("best_model_path", "kth_best_model_path", "dirpath"):
+            tracker[field] = tracker[field].replace(str(original), str(here))
+        tracker["best_k_models"] = {k.replace(str(original), str(here)): v for k, v in tracker["best_k_models"].items()}
+        assert str(original) in text
+
+
+def test_every_setting_a_resume_reports_as_applied_is_in_force(
+    smoke_run_dir: Path,
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Key by key: what the resume's warning lists as applied is what the continued run did. A smaller
+    ``checkpoint.keep_last`` prunes the step checkpoints to the new number at once."""
+    run = copy_of(smoke_run_dir, tmp_path)
+    poisoned(run, lambda c: rebased(c, smoke_run_dir, run))
+    changes = {
+        "trainer.max_steps": 18,
+        "checkpoint.keep_last": 1,
+        "trainer.val_check_interval": 3,
+        "optim.warmup": 4,
+        "optim.lr_scale": 0.5,
+        "optim.betas": [0.8, 0.9],
+        "optim.eps": 1e-6,
+        "optim.label_smoothing": 0.2,
+        "decoding.beam_size": 2,
+        "max_nonfinite_steps": 3,
+        "checkpoint.evaluate": "final",
+    }
+    smoke = smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA)
+    overrides = [f"{key}={json.dumps(value)}" for key, value in changes.items()]
+    with caplog.at_level(logging.WARNING):
+        assert train_in_process([*smoke, f"hydra.run.dir={run}", *overrides], monkeypatch) == 0
+    (applied,) = [r.getMessage() for r in caplog.records if "with this run's settings" in r.getMessage()]
+    reported = {part.split("=")[0] for part in applied.split(": ", 1)[1].split(", ") if "=" in part}
+    assert set(changes) - reported <= set(NOT_COMPARED), set(changes) - reported  # not compared: not reported
+
+    last = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    results = json.loads((run / "results.json").read_text())
+    hyper, group = last["hyper_parameters"], last["optimizer_states"][0]["param_groups"][0]
+    step, warmup, d_model = 18, 4, hyper["model"]["d_model"]
+    kept = sorted(p.name for p in (run / "checkpoints").glob("step*.ckpt"))
+    validated = metric_steps(run, "val/bleu")
+    evaluated = (results["evaluated"], results["evaluated_checkpoint"])
+    in_force = {
+        "trainer.max_steps": results["steps"] == step,
+        "checkpoint.keep_last": kept == ["step0000018.ckpt"],
+        "trainer.val_check_interval": validated == [5, 11, 14, 17, 18],  # rows at step - 1; 18: the evaluation
+        "optim.warmup": hyper["warmup"] == warmup,
+        "optim.lr_scale": group["lr"] == pytest.approx(NoamSchedule(d_model, warmup, 0.5)(step)),
+        "optim.betas": tuple(group["betas"]) == (0.8, 0.9),
+        "optim.eps": group["eps"] == 1e-6,
+        "optim.label_smoothing": hyper["label_smoothing"] == 0.2,
+        "decoding.beam_size": results["decoding"]["beam_size"] == 2,
+        "max_nonfinite_steps": last["aiayn"]["config"]["max_nonfinite_steps"] == 3,
+        "checkpoint.evaluate": evaluated == ("final", "checkpoints/last.ckpt"),
+    }
+    assert reported <= set(in_force), reported - set(in_force)  # every reported key has its check here
+    assert all(in_force.values()), {key: ok for key, ok in in_force.items() if not ok}
+
+
+def metric_steps(run: Path, name: str) -> list[int]:
+    with open(run / "csv" / "metrics.csv", newline="") as rows:
+        return [int(row["step"]) for row in csv.DictReader(rows) if row.get(name)]

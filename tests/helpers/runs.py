@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# What the session's shared smoke run (conftest's smoke_run_dir) adds: no average, short greedy decoding.
+SMOKE_RUN_EXTRA = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
+
 
 def smoke_run(root: Path, cache: Path, *extra: str) -> list[str]:
     """``debug=smoke`` (the tiny model, 12 optimizer steps, validations after steps 6 and 12) on the corpus
