@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.config.naming import run_label
-from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState, Trial, default_folder
+from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState, Trial, default_folder, last_logged
 
 TESTS = Path(__file__).resolve().parent
 
@@ -343,3 +343,14 @@ def test_a_trial_record_aiayn_does_not_write_is_refused_in_one_line(field: str, 
     if field not in ("number", "params"):  # without the odd field, the same record opens
         (tmp_path / STATE_FILE).write_text(json.dumps({"config": config, "trials": [trial]}))
         assert SweepState.open(tmp_path, config, tmp_path / "sweep.yaml").trials[0].number == 1
+
+
+def test_a_trial_metric_is_read_from_a_damaged_metrics_file_without_a_traceback(tmp_path: Path) -> None:
+    """The metric a sweep records (and hands to bayes) from a trial's metrics CSV: damaged rows, bytes
+    that are not UTF-8 and non-finite values are passed over; a file that is no metrics CSV is none."""
+    history = tmp_path / "metrics.csv"
+    history.write_bytes(b"step,val/bleu\n6,12.5\n\xff\xfe,3\n9,nan\n12,inf\n" + b"15," + b"9" * 4000 + b"x\n")
+    assert last_logged(history, "val/bleu") == 12.5
+    history.write_bytes(b"\x00\x01 not a csv \xff\n")
+    assert last_logged(history, "val/bleu") is None
+    assert last_logged(tmp_path / "missing.csv", "val/bleu") is None

@@ -27,10 +27,10 @@ the value W&B's run summary shows: the validation of the checkpoint the run scor
 
 from __future__ import annotations
 
-import csv
 import fcntl
 import json
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import RUN_DIR_ENV, SWEEP_DIR_ENV, run_label
-from aiayn.errors import is_number, show, whole
+from aiayn.errors import DataError, is_number, show, whole
 from aiayn.experiments.launchers import (
     JOB_ID,
     LAUNCHERS,
@@ -66,7 +66,7 @@ from aiayn.experiments.launchers import (
 from aiayn.experiments.placement import DevicePool, PlacementError, devices_needed, runner_devices
 from aiayn.files import atomic_write, run_folder_holder
 from aiayn.machine import available_cpus
-from aiayn.training.loggers import METRICS_CSV
+from aiayn.training.loggers import METRICS_CSV, metric_rows
 from aiayn.training.module import EVALUATION_METRICS
 
 log = logging.getLogger(__name__)
@@ -837,15 +837,18 @@ def take_results(trial: Trial, state: SweepState) -> None:
 
 
 def last_logged(history: Path, key: str) -> float | None:
-    """The last number ``key`` has in the metrics CSV ``history`` (None: no such file, column or value)."""
+    """The last finite number ``key`` has in the metrics CSV ``history`` (None: no such file, column or
+    value). The file is the trial's, read as untrusted: damaged rows are left out (:func:`metric_rows`),
+    a file that is no metrics CSV counts as none."""
     try:
-        with open(history, newline="") as rows:
-            values = [row.get(key) for row in csv.DictReader(rows)]
-    except OSError:
+        values = [row.get(key) for row in metric_rows(history)]
+    except (OSError, DataError):
         return None
     for value in reversed(values):
         try:
-            return float(value)  # type: ignore[arg-type]
+            number = float(value)  # type: ignore[arg-type]
         except (TypeError, ValueError):
             continue
+        if math.isfinite(number):
+            return number
     return None
