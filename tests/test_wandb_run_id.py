@@ -199,8 +199,8 @@ def test_aiayn_train_refuses_a_wandb_folder_that_is_a_link_before_training(
     argv = [*smoke_run(corpus_root, cache_dir, "logger=wandb"), f"hydra.run.dir={run_dir}"]
     assert train_in_process(argv, monkeypatch) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == f"aiayn-train: error: {run_dir / 'wandb'}: is a link; a run writes its logs only into its own " \
-        f"folder: move it out of {run_dir}"  # fmt: skip
+    assert line.startswith(f"aiayn-train: error: {run_dir / 'wandb'}: is a link; a run writes ")
+    assert f"move it out of {run_dir}" in line
     assert not (run_dir / "checkpoints").exists() and list(outside.iterdir()) == []
 
 

@@ -20,6 +20,7 @@ import glob
 import os
 import shutil
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -61,7 +62,8 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
             os.unlink(tmp.name)
             raise
     try:
-        mode = path.stat().st_mode & 0o7777  # a file replaced keeps its permissions
+        found = path.lstat()  # a link is replaced, not followed: its target's permissions are not taken
+        mode = found.st_mode & 0o7777 if stat.S_ISREG(found.st_mode) else 0o666 & ~_UMASK
     except FileNotFoundError:
         mode = 0o666 & ~_UMASK  # a new one gets an ordinary file's, not the temporary file's 0600
     os.chmod(tmp.name, mode)
@@ -174,8 +176,9 @@ def hold_run_folder(folder: Path) -> bool:
     key = folder.resolve()
     if key in _held:
         return False
+    refuse_links(folder)
     created = not (folder / LOCK_FILE).exists()
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     deadline = time.monotonic() + 1.0  # run_folder_holder's shared lock of a moment is not a holder
     while True:
         try:
@@ -201,6 +204,18 @@ def hold_run_folder(folder: Path) -> bool:
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {started}\n".encode(), 0)
     _held[key] = fd
     return True
+
+
+def refuse_links(folder: Path) -> None:
+    """A :class:`~aiayn.errors.DataError` when an entry of the run folder ``folder`` is a link: aiayn
+    never makes one there, and a run writes through them (a linked ``checkpoints/`` is another run's,
+    a linked ``run.lock`` or ``train.log`` a file elsewhere). A copied or shared folder may hold them."""
+    for entry in sorted(folder.iterdir()):
+        if entry.is_symlink():
+            raise DataError(
+                f"{entry}: is a link; a run writes only into its own folder: move it out of {folder} "
+                "(or start the run in another folder)"
+            )
 
 
 def held_folders() -> set[Path]:
