@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aiayn.errors import CheckpointError
-from aiayn.training.checkpoints import load_model
+from aiayn.training.checkpoints import average_checkpoints, load_model
 
 
 def peak_rss_mib() -> float:
@@ -30,6 +30,7 @@ def peak_rss_mib() -> float:
         ({"pad_id": 10**12}, "pad_id=1000000000000 must be a token id"),
         ({"d_model": "64"}, "d_model=64 must be a positive whole number"),
         ({"surprise": 1}, "unexpected keyword argument 'surprise'"),
+        ({"dropout": 10**400}, "must be a probability"),
     ],
 )
 def test_stored_settings_that_are_not_the_weights_end_in_one_line_without_their_memory(
@@ -52,3 +53,24 @@ def test_a_checkpoint_whose_settings_are_its_weights_loads(smoke_run_dir: Path) 
     model, tokenizer, config = load_model(smoke_run_dir / "checkpoints" / "best.ckpt")
     assert model.cfg.n_layers == 2 and tokenizer.vocab_size == model.cfg.vocab_size == 1000
     assert config["seed"] == 1
+
+
+def test_an_expanded_tensor_is_refused_before_any_copy_of_it(smoke_run_dir: Path, tmp_path: Path) -> None:
+    """``torch.zeros(1).expand(n)`` is saved as 4 bytes and loads as n numbers: with settings to match,
+    every shape check passes, and building the model or averaging would allocate them all."""
+    checkpoint = torch.load(smoke_run_dir / "checkpoints" / "best.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["model"]["d_ff"] = 2**24
+    for layer in range(2):
+        for side in ("encoder", "decoder"):
+            prefix = f"model.{side}.{layer}.ffn."
+            checkpoint["state_dict"][prefix + "w1.weight"] = torch.zeros(1).expand(2**24, 64)
+            checkpoint["state_dict"][prefix + "w1.bias"] = torch.zeros(1).expand(2**24)
+            checkpoint["state_dict"][prefix + "w2.weight"] = torch.zeros(1).expand(64, 2**24)
+    path = tmp_path / "expanded.ckpt"
+    torch.save(checkpoint, path)
+    assert path.stat().st_size < 10 * 2**20  # a few MB on disk, 2^24 x 64 x 8 floats when built
+    before = peak_rss_mib()
+    for load in (load_model, lambda p: average_checkpoints([p, smoke_run_dir / "checkpoints" / "best.ckpt"])):
+        with pytest.raises(CheckpointError, match=r"encoder\.0\.ffn\.w1\.weight is a tensor of \d+ numbers stored in"):
+            load(path)
+    assert peak_rss_mib() - before < 256

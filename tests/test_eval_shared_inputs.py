@@ -182,6 +182,8 @@ WRONG = [
     ("evil", {"_target_": "aiayn.data.Multi30kDataModule"}, "data.evil._target_=aiayn.data.Multi30kDataModule"),
     ("_target_", 7, "data._target_=7"),
     ("splits", "x", "data.splits=x"),
+    ("src_lang", "../../elsewhere", "data.src_lang=../../elsewhere must be a plain name"),  # a path under data.root
+    ("test_split", "x/../../y", "data.test_split=x/../../y must be a plain name"),
 ]
 
 

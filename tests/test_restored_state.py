@@ -22,16 +22,10 @@ from aiayn.experiments.resume import NOT_COMPARED
 from aiayn.training.checkpoints import RunCheckpointIO, remove_plain_file
 from aiayn.training.restored_state import RestoredState
 from aiayn.training.schedule import NoamSchedule
-from helpers.runs import SMOKE_RUN_EXTRA, smoke_run, train_in_process
+from helpers.runs import SMOKE_RUN_EXTRA, copy_of, smoke_run, train_in_process
 
 BEST = "ModelCheckpoint{'monitor': 'val/bleu', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"  # noqa: E501
 STEPS = "ModelCheckpoint{'monitor': 'step', 'mode': 'max', 'every_n_train_steps': 0, 'every_n_epochs': 1, 'train_time_interval': None}"  # noqa: E501
-
-
-def copy_of(run_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
-    return copy
 
 
 def poisoned(run: Path, change: Callable[[dict[str, Any]], None]) -> Path:
@@ -137,6 +131,22 @@ def test_a_checkpoint_from_another_folder_continues_without_its_bookkeeping(
         ),
         ("lr_schedulers[0].last_epoch", lambda c: c["lr_schedulers"][0].update(last_epoch=2**60)),
         ("pytorch-lightning_version", lambda c: c.update({"pytorch-lightning_version": "0.1 || rm"})),
+        (
+            "param_groups[0].weight_decay",
+            lambda c: c["optimizer_states"][0]["param_groups"][0].update(weight_decay=torch.zeros(3)),
+        ),
+        ("param_groups[0].lr", lambda c: c["optimizer_states"][0]["param_groups"][0].update(lr=10**400)),
+        (
+            "param_groups[0].params",
+            lambda c: c["optimizer_states"][0]["param_groups"][0].update(params=torch.arange(65)),
+        ),
+        (
+            "state[0].exp_avg_sq",
+            lambda c: c["optimizer_states"][0]["state"][0].update(
+                exp_avg_sq=-c["optimizer_states"][0]["state"][0]["exp_avg_sq"] - 1
+            ),
+        ),
+        ("combined_loader[0].epoch", lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"][0].pop("epoch")),
     ],
 )
 def test_training_state_aiayn_does_not_write_is_refused_naming_the_field(
@@ -197,6 +207,9 @@ def test_a_tracker_naming_anything_but_a_file_of_the_run_is_dropped(
     moved = copy.deepcopy(checkpoint)
     moved["callbacks"][STEPS]["dirpath"] = str(tmp_path)
     assert STEPS not in smoke_restorer(moved, path)["callbacks"]
+    cut = copy.deepcopy(checkpoint)  # Lightning reads best_model_score and best_model_path without a default
+    cut["callbacks"][STEPS] = {"monitor": "step"}
+    assert STEPS not in smoke_restorer(cut, path)["callbacks"]
 
 
 def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
@@ -213,6 +226,31 @@ def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
     assert resume(run, corpus_root, cache_dir, monkeypatch) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and f"checkpoint {path} holds another tokenizer" in error[0], error
+
+
+@pytest.mark.parametrize("entry", ["run.lock", "checkpoints", "train.log", ".hydra"])
+def test_a_run_folder_with_a_link_in_it_is_not_continued(
+    smoke_run_dir: Path,
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    entry: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """A copied folder's link would make the run write elsewhere: the lock file truncated, another run's
+    checkpoints taken as its own and pruned, a log appended to a file of the user's."""
+    run = copy_of(smoke_run_dir, tmp_path)
+    victim = sentinel_tree(tmp_path)
+    target = victim / "inner" / "keep.txt" if entry in ("run.lock", "train.log") else victim
+    if (run / entry).is_dir():
+        shutil.rmtree(run / entry)
+    (run / entry).unlink(missing_ok=True)
+    (run / entry).symlink_to(target)
+    assert resume(run, corpus_root, cache_dir, monkeypatch) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and f"{run / entry}: is a link" in error[0], error
+    assert (victim / "inner" / "keep.txt").read_text() == "precious" and sorted(victim.iterdir()) == [victim / "inner"]
 
 
 def test_deletion_removes_only_plain_files_directly_inside_the_folder(tmp_path: Path) -> None:

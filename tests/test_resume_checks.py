@@ -17,7 +17,7 @@ import yaml
 from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
 from aiayn.training.loggers import drop_metrics_from
 from aiayn.training.schedule import NoamSchedule
-from helpers.runs import smoke_run, train_in_process
+from helpers.runs import copy_of, smoke_run, train_in_process
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +27,6 @@ def finished(tmp_path_factory: pytest.TempPathFactory, corpus_root: Path, cache_
     with pytest.MonkeyPatch.context() as monkeypatch:
         assert train_in_process([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
     return run_dir
-
-
-def copy_of(run_dir: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
-    return copy
 
 
 def last_error(capsys: pytest.CaptureFixture) -> str:

@@ -244,7 +244,8 @@ def test_sweep_json_is_whole_whenever_its_writer_dies(tmp_path: Path) -> None:
     writer = (
         "import sys\nfrom pathlib import Path\nfrom aiayn.experiments.sweep import SweepState, Trial\n"
         "trials = [Trial(n, {'seed': n, 'x': 'y' * 200}) for n in range(1, 3001)]\n"
-        "state = SweepState(Path(sys.argv[1]), {'method': 'grid'}, trials)\n"
+        "config = {'method': 'grid', 'parameters': {'seed': {'min': 1, 'max': 3000}, 'x': {'value': 'y' * 200}}}\n"
+        "state = SweepState(Path(sys.argv[1]), config, trials)\n"
         "print('ready', flush=True)\n"
         "for n in range(10**6):\n"
         "    trials[0].seconds = n\n"
@@ -256,7 +257,8 @@ def test_sweep_json_is_whole_whenever_its_writer_dies(tmp_path: Path) -> None:
         time.sleep(0.5 + 0.23 * attempt)
         process.kill()
         process.communicate()
-        state = SweepState.open(tmp_path, {"method": "grid"}, tmp_path / "s.yaml")  # whole: it parses
+        config = {"method": "grid", "parameters": {"seed": {"min": 1, "max": 3000}, "x": {"value": "y" * 200}}}
+        state = SweepState.open(tmp_path, config, tmp_path / "s.yaml")  # whole: it parses
         assert len(state.trials) == 3000 and isinstance(state.trials[0].seconds, int)
     SweepState(tmp_path, {"method": "grid"}, [Trial(1, {"seed": 1})]).save()
     assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]  # no temporary file of a killed writer left
@@ -317,6 +319,9 @@ def test_ctrl_c_stops_real_trials_which_save_and_continue(
         ("number", "1"),
         ("params", ["model.n_heads=8"]),
         ("params", {"model.n_heads": {"_target_": "os.system"}}),
+        ("params", {"++trainer.plugins": "[{_target_:builtins.print,_args_:[owned]}]"}),  # an override to build
+        ("params", {"model.n_heads": "8 ++trainer.plugins=[]"}),
+        ("params", {"model.n_heads": 16}),  # not one of the file's values
         ("state", "done"),
         ("command", "aiayn-train; rm -rf ~"),
         ("returncode", "0"),

@@ -61,7 +61,12 @@ def whole(value: Any, minimum: int) -> bool:
 
 def is_number(value: Any) -> bool:
     """A finite int or float (not a bool)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float (10**400): not a number a setting can use
+        return False
 
 
 def show(value: Any) -> str:

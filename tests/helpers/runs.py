@@ -3,6 +3,7 @@ user's smoke run shares with them; the helpers add the corpus, the cache and wha
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,6 +49,13 @@ def resumable_run(
         "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones
         *extra,
     ]
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the run folder ``run_dir`` as ``tmp_path/run``, to continue or damage (its lock file left out)."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
+    return copy
 
 
 def train_in_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:

@@ -219,6 +219,9 @@ def _check_stored_names(settings: Mapping[str, Any], module: type, section: str,
     for key in NAME_KEYS:
         if key in settings and not _name(settings[key]):
             raise refuse(key, settings[key], "must be a non-empty string")
+        # Languages, split names and WMT14's config become parts of paths under the reader's root.
+        if key in settings and (".." in settings[key] or not re.fullmatch(r"[A-Za-z0-9][\w.\-]*", settings[key])):
+            raise refuse(key, settings[key], "must be a plain name (letters, digits, '_', '-', '.'; no '/' or '..')")
     if "splits" in settings:  # WMT14's: train and val name splits of the dataset; test may be null
         splits = settings["splits"]
         named = isinstance(splits, Mapping) and set(splits) <= set(TEXT_FILE_ROLES)

@@ -327,6 +327,7 @@ class SweepState:
             )
         for trial in trials:
             check_trial_record(path, trial)
+            check_trial_params(path, trial, config)
         for trial in trials:  # a runner that was killed left them running (they may still be)
             if trial.state == RUNNING and not trial.submitted:  # submitted jobs are re-attached to
                 trial.state, trial.error = INTERRUPTED, "its runner ended while it ran"
@@ -346,7 +347,11 @@ def check_trial_record(path: Path, trial: Trial) -> None:
     (a runner would write there and hand it to the trial), its job id be a job id, its devices names."""
     run_dir = trial.run_dir
     if run_dir is not None and (
-        not isinstance(run_dir, str) or Path(run_dir).is_absolute() or ".." in Path(run_dir).parts or not run_dir
+        not isinstance(run_dir, str)
+        or Path(run_dir).is_absolute()
+        or ".." in Path(run_dir).parts
+        or not run_dir
+        or not (path.parent / run_dir).resolve().is_relative_to(path.parent.resolve())  # a link on the way
     ):
         raise SweepError(f"{path}: trial {trial.number}'s run_dir {run_dir!r} is not a folder inside the sweep's")
     if trial.job_id is not None and not (isinstance(trial.job_id, str) and JOB_ID.fullmatch(trial.job_id)):
@@ -375,6 +380,37 @@ def check_trial_record(path: Path, trial: Trial) -> None:
                 f"{path}: trial {trial.number}'s {name}={show(getattr(trial, name)):.60} is not what aiayn-sweep "
                 "writes there; move the file away to start the sweep afresh"
             )
+
+
+def check_trial_params(path: Path, trial: Trial, config: dict[str, Any]) -> None:
+    """A recorded trial's parameters are the sweep file's: its names, each value one the file allows
+    (one of its ``values``, its ``value``, a number for a distribution). They become the overrides of the
+    trial's command when it runs again, and an override can name any setting (a ``_target_`` to build)."""
+    specs = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
+    if set(trial.params) != set(specs):
+        odd = sorted(set(trial.params) ^ set(specs))[0]
+        raise SweepError(
+            f"{path}: trial {trial.number}'s params name {odd!r:.60}, not the sweep file's parameters; "
+            "move the file away to start the sweep afresh"
+        )
+    for name, value in trial.params.items():
+        spec = specs[name] if isinstance(specs[name], dict) else {}
+        if "values" in spec:
+            allowed = isinstance(spec["values"], list) and any(_same_value(value, v) for v in spec["values"])
+        elif "value" in spec:
+            allowed = _same_value(value, spec["value"])
+        else:
+            allowed = is_number(value)
+        if not allowed:
+            raise SweepError(
+                f"{path}: trial {trial.number}'s params.{name}={show(value):.60} is not a value the sweep file gives "
+                "it; move the file away to start the sweep afresh"
+            )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Equal as JSON keeps them (numpy scalars and ints become plain numbers, tuples lists)."""
+    return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
 
 
 def _scalar(value: Any) -> bool:

@@ -75,7 +75,28 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
         ) from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint's dict")
+    check_tensor_sizes(checkpoint, path)
     return checkpoint
+
+
+def check_tensor_sizes(node: Any, path: Path, field: str = "", depth: int = 0) -> None:
+    """Every tensor in ``node`` holds its own numbers: a tensor whose storage is smaller than its size (an
+    expanded one, stride 0) loads from a few bytes as terabytes, and any copy of it (a cast, an average)
+    allocates them all. A :class:`CheckpointError` names the first such tensor (and a nesting deeper
+    than aiayn writes)."""
+    if depth > 32:
+        raise CheckpointError(f"checkpoint {path}: {field or 'its contents'} nest deeper than aiayn writes")
+    if isinstance(node, dict):
+        for key, value in node.items():
+            check_tensor_sizes(value, path, f"{field}.{key}" if field else str(key), depth + 1)
+    elif isinstance(node, list | tuple):
+        for index, value in enumerate(node):
+            check_tensor_sizes(value, path, f"{field}[{index}]", depth + 1)
+    elif isinstance(node, torch.Tensor) and node.numel() * node.element_size() > node.untyped_storage().nbytes():
+        raise CheckpointError(
+            f"checkpoint {path}: {field[:80]} is a tensor of {node.numel()} numbers stored in "
+            f"{node.untyped_storage().nbytes()} bytes (expanded); aiayn writes every number it means"
+        )
 
 
 def run_entry(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -95,9 +116,23 @@ def run_entry(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.{OVERRIDES_KEY} holds other things than overrides")
     if any(not isinstance(k, str) or not whole(v, 0) for k, v in (run.get(BATCH_KEY) or {}).items()):
         raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.{BATCH_KEY} holds other things than whole numbers")
-    if any(not isinstance(key, str) for key in run.get("config") or {}):
-        raise CheckpointError(f"checkpoint {path}: {RUN_KEY}.config has keys that are not names")
+    if not _plain_data(run.get("config") or {}):
+        raise CheckpointError(
+            f"checkpoint {path}: {RUN_KEY}.config holds other things than a resolved config (names as keys; "
+            "strings, numbers, flags, null and lists as values; a few levels deep)"
+        )
     return run
+
+
+def _plain_data(node: Any, depth: int = 0) -> bool:
+    """A config as ``OmegaConf.to_container`` gives it: string keys, JSON-like values, not too deep."""
+    if depth > 16:
+        return False
+    if isinstance(node, dict):
+        return all(isinstance(key, str) and _plain_data(value, depth + 1) for key, value in node.items())
+    if isinstance(node, list):
+        return all(_plain_data(value, depth + 1) for value in node)
+    return node is None or isinstance(node, str | bool | int | float)
 
 
 def first_line(error: BaseException) -> str:
@@ -206,7 +241,7 @@ def _check_same_run(first: dict[str, Any], other: dict[str, Any], path: Path, fi
         raise CheckpointError(f"checkpoint {path} holds other weights than {first_path}; average one run's")
     ours, theirs = run_fields(first), run_fields(other)
     for field in ours:
-        if ours[field] == theirs[field] or (field == "seed" and seeds):
+        if _same(ours[field], theirs[field]) or (field == "seed" and seeds):
             continue
         shown = {"model": "model hyperparameters", "tokenizer": "tokenizer", "corpus": "corpus (data cache entry)"}
         what = shown.get(field) or f"{field}={show(theirs[field])} (not {show(ours[field])})"
@@ -216,6 +251,14 @@ def _check_same_run(first: dict[str, Any], other: dict[str, Any], path: Path, fi
             else "; average one run's checkpoints"
         )
         raise CheckpointError(f"checkpoint {path} is of another run than {first_path}: another {what}{advice}")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equality of stored values of any type (tensors among them compare as unequal, not as an error)."""
+    try:
+        return bool(a == b) and type(a) is type(b)
+    except (RuntimeError, TypeError, ValueError):
+        return False
 
 
 def _mean(total: dict[str, torch.Tensor], n: int, newest: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -345,7 +388,7 @@ def model_from_checkpoint(
             raise FieldError("vocab_size", cfg.vocab_size, f"is not its tokenizer's {tokenizer.vocab_size} pieces")
         model = Transformer(cfg)
         model.load_state_dict(weights)
-    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError) as error:
+    except (TypeError, ValueError, KeyError, RuntimeError, AttributeError, ArithmeticError) as error:
         raise CheckpointError(
             f"checkpoint {path}: hyper_parameters.model holds a model aiayn cannot build: {first_line(error)}"
         ) from None

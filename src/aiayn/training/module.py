@@ -169,7 +169,11 @@ class TranslationModule(pl.LightningModule):
         optimizers, so those runs keep the unfused one."""
         trainer = self._trainer
         scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
-        return all(p.device.type in ("cpu", "cuda") for p in self.parameters()) and not scaled
+        # The device the run trains on: a restored checkpoint's optimizer is checked before the module moves.
+        devices = (
+            {trainer.strategy.root_device.type} if trainer is not None else {p.device.type for p in self.parameters()}
+        )
+        return devices <= {"cpu", "cuda"} and not scaled
 
     def schedule(self) -> NoamSchedule:
         """This run's learning rate by step (eq. 3, §5.3)."""

@@ -21,6 +21,7 @@ naming the file and the field); a tracker that points elsewhere is dropped with 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import re
 from pathlib import Path
@@ -31,6 +32,7 @@ import pytorch_lightning as pl
 import torch
 from packaging.version import InvalidVersion, Version
 from pytorch_lightning.callbacks import ModelCheckpoint, Timer
+from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, is_number, whole
@@ -132,11 +134,16 @@ class RestoredState:
             groups = field.sequence(f"optimizer_states[{i}].param_groups", state["param_groups"], len(expected))
             for j, (group, own) in enumerate(zip(groups, expected, strict=True)):
                 name = f"optimizer_states[{i}].param_groups[{j}]"
-                group = field.mapping(name, group, keys=tuple(own))
+                group = _with_defaults(field, name, group, own, essential=("params", "lr", "betas", "eps"))
                 for key in ADAM_RULE:
-                    if group[key] != own[key] or type(group[key]) is not type(own[key]):
+                    if type(group[key]) is not type(own[key]) or group[key] != own[key]:
                         raise field.error(f"{name}.{key}", group[key], f"is not aiayn's ({own[key]})")
-                if group["params"] != own["params"]:
+                params = group["params"]
+                if (
+                    not isinstance(params, list)
+                    or not all(whole(index, 0) for index in params)
+                    or params != own["params"]
+                ):
                     raise field.error(
                         f"{name}.params",
                         f"{len(field.sequence(f'{name}.params', group['params']))} entries",
@@ -159,13 +166,27 @@ class RestoredState:
                             _shape(moment[key]),
                             f"is not its parameter's shape {tuple(parameters[index].shape)}",
                         )
+                    # Adam divides by sqrt(exp_avg_sq): a NaN or a negative one turns every weight into NaN.
+                    lowest = 0 if key == "exp_avg_sq" else -math.inf
+                    if not (torch.isfinite(moment[key]).all() and (moment[key] >= lowest).all()):
+                        raise field.error(
+                            f"optimizer_states[{i}].state[{index}].{key}",
+                            "its values",
+                            "are not Adam's moments (non-finite, or a negative second moment)",
+                        )
                 step = moment["step"]
                 if not isinstance(step, torch.Tensor) or step.numel() != 1 or not 0 <= float(step) < COUNT_LIMIT:
                     raise field.error(f"optimizer_states[{i}].state[{index}].step", _shape(step), "is not a step count")
         own_schedule = scheduler.state_dict()
         schedules = field.sequence("lr_schedulers", checkpoint.get("lr_schedulers", []), length=1)
         for i, schedule in enumerate(schedules):
-            schedule = field.mapping(f"lr_schedulers[{i}]", schedule, keys=tuple(own_schedule))
+            schedule = _with_defaults(
+                field,
+                f"lr_schedulers[{i}]",
+                schedule,
+                own_schedule,
+                essential=("last_epoch", "_step_count", "lr_lambdas"),
+            )
             field.count(f"lr_schedulers[{i}].last_epoch", schedule["last_epoch"])
             field.count(f"lr_schedulers[{i}]._step_count", schedule["_step_count"])
             field.sequence(f"lr_schedulers[{i}].lr_lambdas", schedule["lr_lambdas"], len(own_schedule["lr_lambdas"]))
@@ -212,7 +233,9 @@ class RestoredState:
         scores numbers; trimmed to this run's ``save_top_k`` (``checkpoint.keep_last`` may have
         shrunk: the files of the dropped entries are deleted, or they would pile up untracked)."""
         state = field.mapping(name, state)
-        if set(state) - set(TRACKER_KEYS) or state.get("monitor") != callback.monitor:
+        # Lightning reads best_model_score and best_model_path without a default: both must be there.
+        odd = set(state) - set(TRACKER_KEYS) or {"best_model_score", "best_model_path"} - set(state)
+        if odd or state.get("monitor") != callback.monitor:
             log.warning("checkpoint %s: dropped %s, not a tracker aiayn writes", path, name)
             return None
         paths = [(key, state.get(key, "")) for key in TRACKER_PATHS]
@@ -244,7 +267,8 @@ class RestoredState:
             _score(field, f"{name}.{key}", state.get(key))
         for key, score in scores.items():
             _score(field, f"{name}.best_k_models[{key!r}]", score, allow_none=False)
-        return _trimmed(state, scores, callback, path, self.folder)
+        fitting = self.trainer.state.fn == TrainerFn.FITTING  # a test of best.ckpt does not prune
+        return _trimmed(state, scores, callback, path, self.folder) if fitting else state
 
     def _checked_callback_state(
         self, callback: pl.Callback, state: Any, name: str, path: Path, field: Fields
@@ -315,6 +339,23 @@ class Fields:
         return value
 
 
+def _with_defaults(
+    field: Fields, name: str, state: Any, own: dict[str, Any], essential: tuple[str, ...]
+) -> dict[str, Any]:
+    """``state`` with the keys of ``own`` (a fresh optimizer's group, schedule): a key ``own`` does not
+    have is refused; a missing one that is not ``essential`` (a switch added by a newer torch, whose
+    default aiayn uses) is filled with this run's value."""
+    state = field.mapping(name, state)
+    for key in sorted(map(str, set(state) - set(own))):
+        raise field.error(f"{name}.{key}", "present", "is not a setting of aiayn's optimizer and schedule")
+    for key in own:
+        if key not in state:
+            if key in essential:
+                raise field.error(f"{name}.{key}", "missing", "is in every checkpoint aiayn writes")
+            state[key] = own[key]
+    return state
+
+
 def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:
     """The loops' progress: the keys this trainer's loops have, whole numbers (flags: booleans); the
     loader's position (``combined_loader``) as the sampler saves it. Extra entries are dropped."""
@@ -327,7 +368,11 @@ def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:
         loaders = field.sequence("loops.fit_loop.state_dict.combined_loader", fit_state["combined_loader"], length=1)
         for i, loader in enumerate(loaders):
             name = f"loops.fit_loop.state_dict.combined_loader[{i}]"
-            for key, value in field.mapping(name, loader).items():
+            loader = field.mapping(name, loader)
+            for key in ("epoch", "position", "consumed"):
+                if key not in loader:
+                    raise field.error(f"{name}.{key}", "missing", "is in every position the sampler saves")
+            for key, value in loader.items():
                 if not isinstance(key, str) or not whole(value, 0) or value >= COUNT_LIMIT:
                     raise field.error(f"{name}.{_short(key)}", value, f"is not a whole number in [0, {COUNT_LIMIT})")
 
@@ -364,8 +409,13 @@ def _check_random_state(field: Fields, name: str, share: Any) -> None:
         np.random.RandomState().set_state(("MT19937", keys.numpy().astype(np.uint32), position, has_gauss, gauss))
         version, internal, gauss_next = field.sequence(f"{name}.python", share["python"], length=3)
         random.Random().setstate((version, tuple(field.sequence(f"{name}.python[1]", internal)), gauss_next))
-        if "cuda" in share and not (isinstance(share["cuda"], torch.Tensor) and share["cuda"].dtype == torch.uint8):
-            raise ValueError("cuda")
+        if "cuda" in share:
+            cuda = share["cuda"]
+            size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else cuda.numel()
+            if not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
+                raise ValueError("cuda")
+            if cuda.numel() != size:
+                raise ValueError(f"cuda state of {cuda.numel()} bytes, not {size}")
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         raise field.error(name, _short(error), "is not a generator state") from None
 
