@@ -446,7 +446,7 @@ def _score(field: Fields, name: str, value: Any, allow_none: bool = True) -> Non
         return
     if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.isnan().any():
         return
-    if isinstance(value, int | float) and not isinstance(value, bool) and value == value:
+    if is_number(value) or (isinstance(value, float) and not math.isnan(value)):  # 10**400 is no score
         return
     raise field.error(name, _shape(value) if isinstance(value, torch.Tensor) else value, "is not a score")
 
