@@ -31,6 +31,7 @@ def peak_rss_mib() -> float:
         ({"d_model": "64"}, "d_model=64 must be a positive whole number"),
         ({"surprise": 1}, "unexpected keyword argument 'surprise'"),
         ({"dropout": 10**400}, "must be a probability"),
+        ({"positional": "none", "max_positions": 10**30}, "max_positions=1000000000000000000000000000000 needs"),
     ],
 )
 def test_stored_settings_that_are_not_the_weights_end_in_one_line_without_their_memory(
@@ -74,3 +75,23 @@ def test_an_expanded_tensor_is_refused_before_any_copy_of_it(smoke_run_dir: Path
         with pytest.raises(CheckpointError, match=r"encoder\.0\.ffn\.w1\.weight is a tensor of \d+ numbers stored in"):
             load(path)
     assert peak_rss_mib() - before < 256
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        lambda: torch.sparse_coo_tensor(torch.zeros(2, 1, dtype=torch.long), torch.ones(1), (10**6, 10**6)),
+        lambda: torch.empty(10**6, 10**6, device="meta"),
+    ],
+    ids=["sparse", "meta"],
+)
+def test_a_tensor_that_is_not_a_dense_cpu_tensor_is_refused_wherever_it_is(
+    smoke_run_dir: Path, tmp_path: Path, tensor: Any
+) -> None:
+    checkpoint = torch.load(smoke_run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint["hyper_parameters"]["junk"] = tensor()
+    path = tmp_path / "odd.ckpt"
+    torch.save(checkpoint, path)
+    for load in (load_model, lambda p: average_checkpoints([p, smoke_run_dir / "checkpoints" / "best.ckpt"])):
+        with pytest.raises(CheckpointError, match=r"hyper_parameters\.junk is a .* tensor on \w+; aiayn writes dense"):
+            load(path)

@@ -322,3 +322,20 @@ def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cle
             for name, state in outside.items():
                 assert tree_state(tmp_path / name) == state, f"{what}: {name} changed"
             written(path, originals[path])
+
+
+def test_an_export_records_only_what_aiayn_average_writes_of_the_sources(
+    smoke_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """``averaged_from`` and ``global_step`` go into the exported folder's JSON: foreign ones are left out."""
+    from aiayn.cli import export
+
+    checkpoint = torch.load(smoke_run_dir / "checkpoints" / "best.ckpt", weights_only=True)
+    checkpoint["averaged_from"] = {(1, 2): 1}
+    checkpoint["global_step"] = float("nan")
+    path = tmp_path / "shared.ckpt"
+    torch.save(checkpoint, path)
+    argv = ["aiayn-export", f"checkpoint={path}", "format=ctranslate2", f"output={tmp_path / 'engine'}"]
+    assert command(export.main, argv, monkeypatch) == 0, capsys.readouterr().err
+    recorded = json.loads((tmp_path / "engine" / "aiayn.json").read_text())
+    assert recorded["averaged_from"] is None and recorded["global_step"] is None

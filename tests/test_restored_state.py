@@ -147,6 +147,7 @@ def test_a_checkpoint_from_another_folder_continues_without_its_bookkeeping(
             ),
         ),
         ("combined_loader[0].epoch", lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"][0].pop("epoch")),
+        ("['RandomState'].ranks[0]", lambda c: c["callbacks"]["RandomState"]["ranks"][0].update(cuda="x")),
         (
             "best_k_models[",
             lambda c: c["callbacks"][STEPS]["best_k_models"].update(
@@ -234,7 +235,9 @@ def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
     assert len(error) == 1 and f"checkpoint {path} holds another tokenizer" in error[0], error
 
 
-@pytest.mark.parametrize("entry", ["run.lock", "checkpoints", "train.log", ".hydra"])
+@pytest.mark.parametrize(
+    "entry", ["run.lock", "checkpoints", "train.log", ".hydra", "checkpoints/abandoned-after-step6"]
+)
 def test_a_run_folder_with_a_link_in_it_is_not_continued(
     smoke_run_dir: Path,
     tmp_path: Path,
@@ -358,3 +361,17 @@ def test_every_setting_a_resume_reports_as_applied_is_in_force(
 def metric_steps(run: Path, name: str) -> list[int]:
     with open(run / "csv" / "metrics.csv", newline="") as rows:
         return [int(row["step"]) for row in csv.DictReader(rows) if row.get(name)]
+
+
+def test_a_sibling_checkpoint_with_a_foreign_step_is_set_aside_not_a_traceback(
+    smoke_run_dir: Path, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resuming an older checkpoint sets the newer ones aside by their step; one whose step is not a
+    number counts as newer, as an unreadable one does."""
+    run = copy_of(smoke_run_dir, tmp_path)
+    best = run / "checkpoints" / "best.ckpt"
+    checkpoint = torch.load(best, weights_only=True)
+    checkpoint["global_step"] = "x"
+    torch.save(checkpoint, best)
+    assert resume(run, corpus_root, cache_dir, monkeypatch, f"resume={run / 'checkpoints' / 'step0000006.ckpt'}") == 0
+    assert (run / "checkpoints" / "abandoned-after-step6" / "best.ckpt").is_file()

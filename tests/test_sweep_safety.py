@@ -316,6 +316,8 @@ def test_ctrl_c_stops_real_trials_which_save_and_continue(
     [
         ("run_dir", "../../elsewhere"),
         ("run_dir", "/etc"),
+        ("run_dir", "."),
+        ("run_dir", "logs"),
         ("number", "1"),
         ("params", ["model.n_heads=8"]),
         ("params", {"model.n_heads": {"_target_": "os.system"}}),

@@ -210,7 +210,9 @@ def refuse_links(folder: Path) -> None:
     """A :class:`~aiayn.errors.DataError` when an entry of the run folder ``folder`` is a link: aiayn
     never makes one there, and a run writes through them (a linked ``checkpoints/`` is another run's,
     a linked ``run.lock`` or ``train.log`` a file elsewhere). A copied or shared folder may hold them."""
-    for entry in sorted(folder.iterdir()):
+    checkpoints = folder / "checkpoints"
+    inner = sorted(checkpoints.iterdir()) if checkpoints.is_dir() and not checkpoints.is_symlink() else []
+    for entry in [*sorted(folder.iterdir()), *inner]:
         if entry.is_symlink():
             raise DataError(
                 f"{entry}: is a link; a run writes only into its own folder: move it out of {folder} "

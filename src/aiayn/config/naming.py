@@ -160,6 +160,10 @@ def reserved_folder(parent: Path, name: str) -> Path:
 def latest_run(runs: Path) -> Path | None:
     """The run folder under ``runs`` whose ``checkpoints/last.ckpt`` was written last, or None; a run
     that a living process still writes (:func:`aiayn.files.run_folder_holder`) is not a candidate."""
-    found = [(last.stat().st_mtime_ns, last.parents[1]) for last in runs.glob("*/checkpoints/last.ckpt")]
+    found = [
+        (last.stat().st_mtime_ns, last.parents[1])
+        for last in runs.glob("*/checkpoints/last.ckpt")
+        if not any(path.is_symlink() for path in (last, last.parent, last.parents[1]))  # one elsewhere
+    ]
     idle = [(written, run) for written, run in found if run_folder_holder(run) is None]
     return max(idle)[1] if idle else None

@@ -27,7 +27,7 @@ from typing import Any
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
-from aiayn.errors import CheckpointError, ConfigError, show
+from aiayn.errors import CheckpointError, ConfigError, show, whole
 from aiayn.files import same_file
 from aiayn.training.checkpoints import (
     BATCH_KEY,
@@ -150,10 +150,10 @@ def check_same_training(
     fixed = [key for key in changed if key.startswith(FIXED)]  # set in either config: +trainer.num_nodes=2
     if fixed:
         key = min(fixed, key=lambda k: (k.count("."), k))  # seed, not data.seed that follows it
+        was, now_shown = _shown(before.get(key)), _shown(now.get(key))
         raise CheckpointError(
-            f"checkpoint {path} was trained with {key}={show(before.get(key))}, this run has "
-            f"{key}={show(now.get(key))}: a resumed run cannot change it; resume with {key}={show(before.get(key))} "
-            "or start a new run"
+            f"checkpoint {path} was trained with {key}={was}, this run has {key}={now_shown}: a resumed run "
+            f"cannot change it; resume with {key}={was} or start a new run"
         )
     if stored_data is not None and stored_data != data_cache:
         raise CheckpointError(
@@ -161,7 +161,7 @@ def check_same_training(
             "(another corpus content, tokenizer or vocabulary): a resumed run cannot change its data"
         )
     if changed and rank_zero_only.rank == 0:
-        applied = ", ".join(f"{key}={show(before.get(key))} → {show(now.get(key))}" for key in changed)
+        applied = ", ".join(f"{key}={_shown(before.get(key))} → {_shown(now.get(key))}" for key in changed)
         log.warning("resuming %s with this run's settings, not the checkpoint's: %s", path, applied)
 
 
@@ -175,6 +175,12 @@ def check_same_batches(path: Path, stored: Mapping[str, int] | None, batch: Mapp
                 f"{key}={batch.get(key)}: a resumed run cannot change its batches; resume on {value} "
                 "processes with the same accumulation, or start a new run"
             )
+
+
+def _shown(value: Any) -> str:
+    """A stored value in a message: as typed on the command line, on one short line."""
+    text = show(value).replace("\n", "\\n")
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def flattened(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -213,6 +219,7 @@ def _step(path: Path) -> float:
     if found := re.fullmatch(r"step(\d+)\.ckpt", path.name):
         return int(found.group(1))
     try:
-        return int(load_checkpoint(path, mmap=True).get("global_step", 0))
+        step = load_checkpoint(path, mmap=True).get("global_step", 0)
     except CheckpointError:
         return math.inf
+    return step if whole(step, 0) else math.inf  # a foreign value: set aside, as an unreadable file is

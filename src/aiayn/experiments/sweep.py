@@ -351,6 +351,8 @@ def check_trial_record(path: Path, trial: Trial) -> None:
         or Path(run_dir).is_absolute()
         or ".." in Path(run_dir).parts
         or not run_dir
+        or len(Path(run_dir).parts) != 1  # one folder of the sweep's own: not ".", not nested
+        or run_dir in (STATE_FILE, "logs", SUBMITIT_FOLDER)  # nor one of the runner's
         or not (path.parent / run_dir).resolve().is_relative_to(path.parent.resolve())  # a link on the way
     ):
         raise SweepError(f"{path}: trial {trial.number}'s run_dir {run_dir!r} is not a folder inside the sweep's")

@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, whole
 from aiayn.export import ctranslate2, marian
 from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
 from aiayn.model import Transformer
@@ -29,11 +29,24 @@ def provenance(
         "exported_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "checkpoint": str(Path(path).resolve()),
         "checkpoint_sha256": digest.hexdigest(),
-        "global_step": checkpoint.get("global_step"),
-        "averaged_from": checkpoint.get("averaged_from"),
+        "global_step": checkpoint.get("global_step") if whole(checkpoint.get("global_step"), 0) else None,
+        "averaged_from": averaged_from(checkpoint.get("averaged_from")),
         "model": model.cfg.to_dict(),
         "run_config": run_config,
     }
+
+
+def averaged_from(sources: Any) -> list[dict[str, Any]] | None:
+    """The checkpoints an average was made of, as ``aiayn-average`` records them (a path and a step
+    each); anything else a checkpoint holds there is not recorded (it goes into a JSON file)."""
+
+    def recorded(source: Any) -> bool:
+        step = source.get("global_step") if isinstance(source, dict) else None
+        return isinstance(source, dict) and isinstance(source.get("path"), str) and (step is None or whole(step, 0))
+
+    if not isinstance(sources, list) or not all(map(recorded, sources)):
+        return None
+    return [{"path": s["path"], "global_step": s.get("global_step")} for s in sources]
 
 
 def export_checkpoint(path: Path, target: str, output: Path, quantization: str = "float32") -> None:

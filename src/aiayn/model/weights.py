@@ -28,8 +28,8 @@ def check_weights(cfg: TransformerConfig, weights: Mapping[str, torch.Tensor]) -
     if cfg.n_layers != len(layers):
         raise FieldError("n_layers", cfg.n_layers, f"does not match the weights, which hold {len(layers)} layers")
     stored = sum(tensor.numel() for tensor in weights.values() if isinstance(tensor, torch.Tensor))
-    per_position = {"sinusoidal": cfg.d_model, "rope": 2 * cfg.d_k}.get(cfg.positional, 0)
-    if cfg.max_positions * per_position > max(stored, COMPUTED_FLOOR):
+    per_position = {"sinusoidal": cfg.d_model, "rope": 2 * cfg.d_k}.get(cfg.positional, 1)
+    if cfg.max_positions * per_position > max(stored, COMPUTED_FLOOR):  # output lengths are bounded by it too
         raise FieldError("max_positions", cfg.max_positions, f"needs a position table larger than all {stored} weights")
     with torch.device("meta"):
         expected = {name: tensor.shape for name, tensor in Transformer(cfg).state_dict().items()}

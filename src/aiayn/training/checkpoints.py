@@ -92,6 +92,13 @@ def check_tensor_sizes(node: Any, path: Path, field: str = "", depth: int = 0) -
     elif isinstance(node, list | tuple):
         for index, value in enumerate(node):
             check_tensor_sizes(value, path, f"{field}[{index}]", depth + 1)
+    elif isinstance(node, torch.Tensor) and (
+        node.layout is not torch.strided or node.device.type != "cpu" or node.is_quantized or node.is_nested
+    ):
+        raise CheckpointError(
+            f"checkpoint {path}: {field[:80]} is a {node.layout} tensor on {node.device.type}; aiayn writes dense "
+            "tensors of the CPU"
+        )
     elif isinstance(node, torch.Tensor) and node.numel() * node.element_size() > node.untyped_storage().nbytes():
         raise CheckpointError(
             f"checkpoint {path}: {field[:80]} is a tensor of {node.numel()} numbers stored in "

@@ -36,6 +36,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, is_number, whole
+from aiayn.files import same_file
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.run_state import RandomState
 from aiayn.training.callbacks.throughput import TokenThroughput
@@ -411,9 +412,9 @@ def _check_random_state(field: Fields, name: str, share: Any) -> None:
         random.Random().setstate((version, tuple(field.sequence(f"{name}.python[1]", internal)), gauss_next))
         if "cuda" in share:
             cuda = share["cuda"]
-            size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else cuda.numel()
             if not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
                 raise ValueError("cuda")
+            size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else cuda.numel()
             if cuda.numel() != size:
                 raise ValueError(f"cuda state of {cuda.numel()} bytes, not {size}")
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
@@ -463,8 +464,9 @@ def _trimmed(
     if kept:
         state["kth_best_model_path"], state["kth_value"] = kept[-1], scores[kept[-1]]
     if rank_zero_only.rank == 0:
-        for name in dropped:
-            remove_plain_file(name, folder)
+        for name in dropped:  # only step checkpoints are pruned; never the one resumed from
+            if re.fullmatch(r"step\d+\.ckpt", Path(name).name) and not same_file(name, path):
+                remove_plain_file(name, folder)
         log.warning(
             "checkpoint %s kept %d checkpoints by %s, this run keeps %d: removed %s",
             path,
