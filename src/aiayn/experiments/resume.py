@@ -55,17 +55,16 @@ def resume_from(
     requested: bool | str | None,
     run_dir: Path,
     config: Mapping[str, Any],
-    data_cache: str,
+    data_cache: Path,
     batch: Mapping[str, int],
     own_overrides: Sequence[str] | None = None,
-    tokenizer: bytes | None = None,
 ) -> Path | None:
     """The checkpoint to continue from, checked: ``requested`` when it is a path; else the run folder's own
     ``last.ckpt`` (``resume=true`` chose the folder of the latest idle run; a requeued job or a trial run
     again continues its folder by itself), which ``resume=true`` requires. ``resume=false`` starts afresh,
     which a folder that holds a run refuses. ``config`` is this run's resolved config and ``data_cache``
-    the name of its data's cache entry (``tokenizer`` the bytes of the entry's model, compared with the
-    checkpoint's own), ``batch`` its :func:`~aiayn.training.batching.batch_layout`. A
+    its data's cache entry (its name, and its tokenizer's bytes, are compared with the checkpoint's),
+    ``batch`` its :func:`~aiayn.training.batching.batch_layout`. A
     job of a multirun or a sweep gives its ``own_overrides``: its folder continues by itself only the run
     of those."""
     path = requested_checkpoint(requested, run_dir)
@@ -76,11 +75,12 @@ def resume_from(
     run = run_entry(stored, path)
     if requested is None and own_overrides is not None:
         check_own_overrides(path, run.get(OVERRIDES_KEY), own_overrides)
-    check_same_training(path, run.get("config") or {}, config, run.get(DATA_KEY), data_cache)
-    if tokenizer is not None and run.get("tokenizer") not in (None, tokenizer):
+    check_same_training(path, run.get("config") or {}, config, run.get(DATA_KEY), data_cache.name)
+    spm = data_cache / "spm.model"  # read only when a checkpoint is continued
+    if spm.is_file() and run.get("tokenizer") not in (None, spm.read_bytes()):
         raise CheckpointError(
-            f"checkpoint {path} holds another tokenizer than this run's data cache {data_cache}: its ids mean other "
-            "pieces, so a resumed run cannot use them; resume on the data it was trained on or start a new run"
+            f"checkpoint {path} holds another tokenizer than this run's data cache {data_cache.name}: its ids mean "
+            "other pieces, so a resumed run cannot use them; resume on the data it was trained on or start a new run"
         )
     check_same_batches(path, run.get(BATCH_KEY), batch)
     continue_at(run_dir, path, stored.get("global_step", 0))

@@ -140,9 +140,7 @@ def train(
         trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers, module)
         batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
         own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
-        spm = datamodule.cache_folder() / "spm.model"
-        tokenizer = spm.read_bytes() if spm.is_file() else None
-        resume = resume_from(cfg.resume, run_dir, resolved, spm.parent.name, batch_layout(trainer), own, tokenizer)
+        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder(), batch_layout(trainer), own)
         run_dir.mkdir(parents=True, exist_ok=True)
         if trainer.is_global_zero:
             atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
