@@ -35,6 +35,7 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
+    started_ns: int = 0
 
     def rows_with(self, key: str) -> list[dict[str, Any]]:
         return [row for row in self.history if key in row]
@@ -88,6 +89,7 @@ def read_offline_run(folder: Path) -> OfflineRun:
         if kind == "run":
             run.run_id, run.name, run.group = record.run.run_id, record.run.display_name, record.run.run_group
             run.tags = list(record.run.tags)
+            run.started_ns = record.run.start_time.ToNanoseconds()
             run.config.update({_key(i): json.loads(i.value_json) for i in record.run.config.update})
         elif kind == "history":
             run.history.append({_key(i): json.loads(i.value_json) for i in record.history.item})
@@ -101,5 +103,9 @@ def read_offline_run(folder: Path) -> OfflineRun:
 
 
 def offline_runs(run_dir: Path) -> list[OfflineRun]:
-    """Every offline W&B run under ``run_dir``, oldest first."""
-    return [read_offline_run(folder) for folder in sorted(run_dir.rglob("offline-run-*"))]
+    """Every offline W&B run under ``run_dir``, oldest first.
+
+    By the start time each run recorded: the folders' names hold it only to the second, then the id.
+    """
+    runs = [read_offline_run(folder) for folder in run_dir.rglob("offline-run-*")]
+    return sorted(runs, key=lambda run: (run.started_ns, run.folder.name))
