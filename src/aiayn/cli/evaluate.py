@@ -16,9 +16,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config.build import decoding_options, instantiated_from_checkpoint
+from aiayn.config.build import decoding_options
 from aiayn.config.compose import config_dir
 from aiayn.data.corpus import read_lines, read_parallel
+from aiayn.data.stored import instantiated_from_checkpoint
 from aiayn.errors import CheckpointError, ConfigError, show
 from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.export.ctranslate2 import EngineModel
@@ -35,7 +36,7 @@ def evaluation_texts(cfg: DictConfig, run_config: dict[str, Any], checkpoint: Pa
     """A name for the evaluated text, its source lines and its references: the files given, or a split of
     the corpus the checkpoint's run was trained on, read from the user's ``data.root`` (or the Hub
     dataset ``data.hub``). The stored ``data`` section only says which corpus, direction and splits
-    (:func:`~aiayn.config.build.instantiated_from_checkpoint`): a shared checkpoint never makes its
+    (:func:`~aiayn.data.stored.instantiated_from_checkpoint`): a shared checkpoint never makes its
     reader scan a folder or fetch a dataset it names."""
     if cfg.source or cfg.reference:
         if not (cfg.source and cfg.reference):

@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from aiayn.config.build import instantiated_from_checkpoint, stored_targets
 from aiayn.config.naming import defining_overrides
 from aiayn.data.corpus import read_lines
+from aiayn.data.stored import instantiated_from_checkpoint, stored_targets
 from aiayn.errors import DataError, whole
 from aiayn.experiments.table3 import COLUMNS, FAMILIES, PAPER, family_rows
 from aiayn.files import atomic_write
