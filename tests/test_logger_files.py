@@ -11,15 +11,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.errors import DataError
-from aiayn.training.loggers import (
-    METRIC_ROW_BYTES,
-    METRICS_CSV,
-    ContinuedMetricsWriter,
-    RunCSVLogger,
-    TensorBoardRunLogger,
-    drop_metrics_from,
-    metric_rows,
-)
+from aiayn.training.loggers import ContinuedMetricsWriter, RunCSVLogger, TensorBoardRunLogger
+from aiayn.training.metrics import METRIC_ROW_BYTES, METRICS_CSV, drop_metrics_from, metric_rows
 from helpers.runs import smoke_run, train_in_process
 
 HEADER = b"epoch,step,train/loss\r\n"

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
-from aiayn.training.loggers import drop_metrics_from
+from aiayn.training.metrics import drop_metrics_from
 from aiayn.training.schedule import NoamSchedule
 from helpers.runs import copy_of, smoke_run, train_in_process
 

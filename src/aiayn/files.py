@@ -40,6 +40,27 @@ os.umask(_UMASK)
 _held: dict[Path, int] = {}  # folder (resolved) → open descriptor of its lock file, for this process
 
 
+class NotPlainFile(Exception):
+    """A file of the run folder that is not a plain file aiayn could have written; says what it is."""
+
+
+def open_plain_file(path: Path) -> IO[bytes]:
+    """``path`` open for reading when it is a plain file (FileNotFoundError when there is nothing there),
+    else :class:`NotPlainFile`: a link is not followed, and a FIFO or a device is not read (it could block
+    or never end)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(errno.ENOENT, "no such file", str(path)) from None
+    except OSError as error:
+        why = "is a link" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})"
+        raise NotPlainFile(why) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotPlainFile("is not a plain file")
+    return os.fdopen(fd, "rb")
+
+
 def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` whole or not at all: into a temporary file of its own folder, flushed to the disk,
     then renamed over ``path``. ``content`` is text (UTF-8), bytes, or a function that writes into the

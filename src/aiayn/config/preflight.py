@@ -31,7 +31,8 @@ from aiayn.config.build import (
 )
 from aiayn.errors import ConfigError, is_number, whole
 from aiayn.machine import available_cpus
-from aiayn.training.module import EVALUATION_METRICS, check_optimization
+from aiayn.training.metrics import EVALUATION_METRICS
+from aiayn.training.module import check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))

@@ -38,7 +38,7 @@ from aiayn.training.checkpoints import (
     run_entry,
     step_checkpoints,
 )
-from aiayn.training.loggers import METRICS_CSV, drop_metrics_from
+from aiayn.training.metrics import METRICS_CSV, drop_metrics_from
 
 log = logging.getLogger(__name__)
 BATCH_WORDS = {"world_size": "training processes", "accumulation": "batches per optimizer step"}

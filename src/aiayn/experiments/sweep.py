@@ -66,8 +66,7 @@ from aiayn.experiments.launchers import (
 from aiayn.experiments.placement import DevicePool, PlacementError, devices_needed, runner_devices
 from aiayn.files import atomic_write, run_folder_holder
 from aiayn.machine import available_cpus
-from aiayn.training.loggers import METRICS_CSV, metric_rows
-from aiayn.training.module import EVALUATION_METRICS
+from aiayn.training.metrics import EVALUATION_METRICS, METRICS_CSV, metric_rows
 
 log = logging.getLogger(__name__)
 

@@ -15,10 +15,8 @@ writes there (garbage, a link, a folder) is never followed, and the loggers neve
 from __future__ import annotations
 
 import csv
-import errno
 import io
 import logging
-import math
 import netrc
 import os
 import re
@@ -26,7 +24,7 @@ import secrets
 import stat
 import string
 import subprocess
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -39,14 +37,14 @@ from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import ConfigError, DataError
-from aiayn.files import atomic_write
+from aiayn.files import NotPlainFile, atomic_write, open_plain_file
 from aiayn.machine import device_name, matmul_precision
 from aiayn.model import count_parameters
+from aiayn.training.metrics import metric_columns, metric_rows
 
 log = logging.getLogger(__name__)
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
-METRICS_CSV = Path("csv") / "metrics.csv"  # in a run folder: what build_loggers' CSV logger writes
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
 # In a run folder: the id of the W&B run all its parts log to, bound to the folder (:func:`bind_run_id`).
 RUN_ID_FILE = Path("wandb") / "run_id"
@@ -54,13 +52,7 @@ RUN_ID_FILE = Path("wandb") / "run_id"
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RUN_ID_RULE = "1 to 64 letters, digits, '-' or '_'"
 RUN_ID_BYTES = 8192  # an id, and a folder's path of at most PATH_MAX (4096) bytes: a larger file is not read
-METRIC_ROW_BYTES = 1 << 20  # a metrics row is some kB: a longer line is damage, skipped without being held
 WANDB_FOLDERS = ("wandb", ".wandb")  # where W&B writes in its save_dir (.wandb instead of wandb when it exists)
-_METRICS_FIX = "move it out of the run folder to continue the run without its earlier metric rows"
-
-
-class _Unusable(Exception):
-    """A file of the run folder that is not a plain file aiayn could have written; says what it is."""
 
 
 def wandb_credentials() -> str | None:
@@ -112,11 +104,11 @@ def bound_run_id(run_dir: Path) -> tuple[str | None, str | None]:
     moved, holds the path of its original: it is another branch of the run, for a W&B run of its own."""
     path = run_dir / RUN_ID_FILE
     try:
-        with _open_plain(path) as file:
+        with open_plain_file(path) as file:
             content = file.read(RUN_ID_BYTES + 1)
     except FileNotFoundError:
         return None, None
-    except _Unusable as why:
+    except NotPlainFile as why:
         return None, str(why)
     if len(content) > RUN_ID_BYTES:
         return None, f"holds more than a run id and its folder ({RUN_ID_BYTES} bytes)"
@@ -167,22 +159,6 @@ def folder_run_id(run_dir: Path) -> str:
     return run_id
 
 
-def _open_plain(path: Path) -> IO[bytes]:
-    """``path`` open for reading when it is a plain file (FileNotFoundError when there is nothing there),
-    else :class:`_Unusable`: a link is not followed, and a FIFO or a device is not read (it could block
-    or never end)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(errno.ENOENT, "no such file", str(path)) from None
-    except OSError as error:
-        raise _Unusable("is a link" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise _Unusable("is not a plain file")
-    return os.fdopen(fd, "rb")
-
-
 def _shown(content: bytes) -> str:
     """Bytes of an untrusted file as one short line of a message."""
     text = os.fsdecode(content)
@@ -230,14 +206,7 @@ class ContinuedMetricsWriter(ExperimentWriter):
     atomically, from its readable rows (:func:`metric_rows`): a kill while it rewrites loses nothing."""
 
     def _check_log_dir_exists(self) -> None:
-        path = Path(self.metrics_file_path)
-        try:
-            with _open_plain(path) as file:
-                self.metrics_keys = _metrics_header(path, next(_lines(file), b""))  # new keys rewrite the header
-        except FileNotFoundError:
-            pass
-        except _Unusable as why:
-            raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+        self.metrics_keys = metric_columns(Path(self.metrics_file_path))  # new keys rewrite the header
 
     def _rewrite_with_new_header(self, fieldnames: list[str]) -> None:
         path = Path(self.metrics_file_path)
@@ -251,107 +220,6 @@ class ContinuedMetricsWriter(ExperimentWriter):
             text.detach()  # atomic_write closes the file itself
 
         atomic_write(path, write)
-
-
-def metric_rows(path: Path) -> Iterator[dict[str, str]]:
-    """The rows of the metrics CSV ``path`` (:data:`METRICS_CSV`), by column, that are rows of it: rows
-    cut short by a kill, lines that are not UTF-8 CSV of the header's width, or too long to be a row, are
-    left out. Nothing when there is no file; a :class:`DataError` naming the file when it is not a
-    metrics CSV (a link, no ``step`` column)."""
-    try:
-        with _open_plain(path) as file:
-            lines = _lines(file)
-            header = _metrics_header(path, next(lines, b""))
-            for line in lines:
-                fields = _fields(line)
-                if fields is not None and len(fields) == len(header):
-                    yield dict(zip(header, fields, strict=True))
-    except FileNotFoundError:
-        return
-    except _Unusable as why:
-        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
-
-
-def drop_metrics_from(path: Path, step: int) -> int:
-    """Remove the rows of ``metrics.csv`` that a run resumed at optimizer step ``step`` logs again: those
-    of Lightning's step ``step`` and later (a training row of optimizer step N carries step N - 1, a
-    validation after step N too; the evaluations after training carry the final step). They were
-    written after the checkpoint, by a part of the run that ended before its next one. Lines that are no
-    rows of the file (cut short by a kill, damaged, not UTF-8 CSV) go too, with a warning unless the last
-    was only cut short. Returns how many lines went. A file that is no metrics CSV is a :class:`DataError`."""
-    try:
-        source = _open_plain(path)
-    except FileNotFoundError:
-        return 0
-    except _Unusable as why:
-        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
-    dropped = damaged = 0
-
-    def write(out: IO[bytes]) -> None:
-        nonlocal dropped, damaged
-        out.write(first.rstrip(b"\r\n") + b"\n")
-        column = header.index("step")
-        for line in lines:
-            fields = _fields(line)
-            row_step = _row_step(fields, column) if fields is not None and len(fields) == len(header) else None
-            if line is not None and row_step is not None and row_step < step:
-                out.write(line.rstrip(b"\r\n") + b"\n")  # a kept row cut short ends its line: rows append after it
-                continue
-            dropped += 1
-            if row_step is None and (line is None or line.endswith(b"\n")):  # more than the last row cut short
-                damaged += 1
-
-    with source:
-        lines = _lines(source)
-        if (first := next(lines, b"")) == b"":
-            return 0  # an empty file: a part killed before it wrote the header
-        header = _metrics_header(path, first)
-        atomic_write(path, write)
-    if damaged:
-        log.warning("%s: dropped %d lines that are not rows of its columns (damaged, or not CSV)", path, damaged)
-    return dropped
-
-
-def _lines(file: IO[bytes]) -> Iterator[bytes | None]:
-    """The lines of ``file``, with their ends; None for one longer than :data:`METRIC_ROW_BYTES`, which is
-    skipped without being held (a file of one huge line would take its size in memory)."""
-    while line := file.readline(METRIC_ROW_BYTES + 1):
-        if len(line) > METRIC_ROW_BYTES:
-            while not line.endswith(b"\n") and (line := file.readline(METRIC_ROW_BYTES)):
-                pass
-            yield None
-        else:
-            yield line
-
-
-def _fields(line: bytes | None) -> list[str] | None:
-    """A line's CSV fields, or None when it is not a line of UTF-8 CSV."""
-    if line is None:
-        return None
-    try:
-        return next(csv.reader([line.decode("utf-8").rstrip("\r\n")], strict=True), [])
-    except (UnicodeDecodeError, csv.Error):  # csv.Error: a field over csv's limit, a quote left open
-        return None
-
-
-def _metrics_header(path: Path, line: bytes | None) -> list[str]:
-    """The columns of a metrics CSV's first line (none for an empty file), or a :class:`DataError` naming
-    the file when it is not the header Lightning writes, which always has a ``step`` column."""
-    if line == b"":
-        return []
-    header = _fields(line)
-    if header is None or "step" not in header:
-        raise DataError(f"{path}: its first line is not the header of a metrics CSV (no 'step' column); {_METRICS_FIX}")
-    return header
-
-
-def _row_step(fields: list[str], column: int) -> int | None:
-    """A row's step, None when it is not a whole number (a damaged row)."""
-    try:
-        value = float(fields[column])
-    except ValueError:
-        return None
-    return int(value) if math.isfinite(value) and value.is_integer() else None
 
 
 class RunCSVLogger(CSVLogger):

@@ -19,7 +19,6 @@ from aiayn.training.schedule import NoamSchedule
 
 # What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
 # its perplexity (Table 3) and sacreBLEU.
-EVALUATION_METRICS = ("loss", "nll", "ppl", "bleu")
 
 
 class TranslationModule(pl.LightningModule):
@@ -115,7 +114,7 @@ class TranslationModule(pl.LightningModule):
             self.test_hypotheses.update(zip(batch["index"].tolist(), text, strict=True))
 
     def _log_evaluation(self, stage: str) -> None:
-        """Logs ``<stage>/<name>`` for each of :data:`EVALUATION_METRICS`."""
+        """Logs ``<stage>/<name>`` for each of :data:`~aiayn.training.metrics.EVALUATION_METRICS`."""
         nll = self.nll[stage].compute()
         self.log(f"{stage}/loss", self.smoothed[stage].compute())
         self.log(f"{stage}/nll", nll)
