@@ -20,10 +20,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from aiayn.config.compose import compose_run_config
-from aiayn.machine import available_cpus
+from aiayn.machine import available_cpus, retain_freed_memory
 from aiayn.model import TransformerConfig
 from aiayn.model.flops import batch_training_flops
-from aiayn.training.allocator import retain_freed_memory
 
 
 def benchmark_parser(doc: str, steps: int, rounds: int, steps_help: str) -> argparse.ArgumentParser:
@@ -41,7 +40,7 @@ def parse_counts(parser: argparse.ArgumentParser, *names: str) -> argparse.Names
     args = parser.parse_args()
     counts = ("steps", "rounds", *names)
     if min(getattr(args, name) for name in counts) < 1:
-        parser.error(f"{', '.join('--' + name for name in counts)} must be at least 1")
+        parser.error(f"{', '.join('--' + name.replace('_', '-') for name in counts)} must be at least 1")
     return args
 
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.errors import DataError
-from aiayn.training.loggers import ContinuedMetricsWriter, RunCSVLogger, TensorBoardRunLogger
+from aiayn.training.loggers.csv_logger import ContinuedMetricsWriter, RunCSVLogger
+from aiayn.training.loggers.tensorboard_logger import TensorBoardRunLogger
 from aiayn.training.metrics import METRIC_ROW_BYTES, METRICS_CSV, drop_metrics_from, metric_rows
 from helpers.runs import smoke_run, train_in_process
 

@@ -19,7 +19,8 @@ import torch
 
 from aiayn.errors import CheckpointError
 from aiayn.experiments.resume import NOT_COMPARED
-from aiayn.training.checkpoints import RunCheckpointIO, remove_plain_file
+from aiayn.training.checkpoint_io import RunCheckpointIO
+from aiayn.training.checkpoints import remove_plain_file
 from aiayn.training.restored_state import RestoredState
 from aiayn.training.schedule import NoamSchedule
 from helpers.runs import SMOKE_RUN_EXTRA, copy_of, smoke_run, train_in_process

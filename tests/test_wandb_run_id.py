@@ -7,6 +7,7 @@ environment."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import shutil
@@ -17,12 +18,14 @@ from typing import Any
 
 import pytest
 import pytorch_lightning as pl
+import wandb
 
 from aiayn.config.compose import compose_run_config
 from aiayn.errors import ConfigError, DataError
 from aiayn.experiments.run import train
 from aiayn.training.callbacks.preemption import Preempted
-from aiayn.training.loggers import RUN_ID_FILE, WandbRunLogger, bind_run_id, bound_run_id, folder_run_id
+from aiayn.training.loggers.wandb_identity import RUN_ID_FILE, bind_run_id, bound_run_id, folder_run_id
+from aiayn.training.loggers.wandb_logger import WandbRunLogger
 from helpers.runs import smoke_run, train_in_process
 from helpers.wandb_records import offline_runs
 
@@ -47,7 +50,7 @@ def test_a_run_continued_after_sigterm_logs_both_parts_to_one_wandb_run_with_con
     monkeypatch.setenv("WANDB_RUN_ID", "surrounding")  # left by a process around this one: not taken
     overrides = smoke_run(corpus_root, cache_dir, "logger=wandb")
     run_dir = tmp_path / "run"
-    with pytest.raises(Preempted):
+    with pytest.raises(Preempted, match=r"^SIGTERM received: stopped after step \d+ and saved .*last\.ckpt;$"):
         train(compose_run_config(overrides), run_dir, overrides, callbacks=[SigtermAfterStep(5)])
     results = train(compose_run_config(overrides), run_dir, overrides)  # continues from last.ckpt
 
@@ -213,7 +216,7 @@ def test_new_run_folders_get_new_ids_which_survive_the_fall_back_to_offline(
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # ... to a server that is not there
 
     def part(folder: Path, step: int) -> str:
-        logger = WandbRunLogger(save_dir=str(folder), init_timeout=2)
+        logger = WandbRunLogger(save_dir=str(folder), init_timeout=1)  # nothing to wait for at port 9
         assert logger.mode == "online"
         logger.log_metrics({"train/loss": 1.5}, step=step)
         logger.finish(failed=False)  # the online start failed: offline, with the folder's id
@@ -226,6 +229,8 @@ def test_new_run_folders_get_new_ids_which_survive_the_fall_back_to_offline(
     assert f"1 offline parts of W&B run {ids[0]} are not uploaded yet" in caplog.text
     assert [(run.run_id, run.steps) for run in offline_runs(tmp_path / "a")] == [(ids[0], [3]), (ids[0], [7])]
     assert [(run.run_id, run.steps) for run in offline_runs(tmp_path / "b")] == [(ids[1], [3])]
+    for run in [*offline_runs(tmp_path / "a"), *offline_runs(tmp_path / "b")]:  # whole runs, with what was logged
+        assert run.exit_code == 0 and run.rows_with("train/loss")[0]["train/loss"] == 1.5
 
 
 def test_under_a_sweep_agent_a_new_folder_takes_the_trials_id_and_a_stored_one_wins(
@@ -244,6 +249,10 @@ def test_under_a_sweep_agent_a_new_folder_takes_the_trials_id_and_a_stored_one_w
 
 
 def test_steps_an_online_w_b_run_holds_already_are_not_logged_again(tmp_path: Path, wandb_offline: None) -> None:
+    # What the stand-in below assumes of W&B's Run: the first step it takes (after the steps a resumed
+    # online run holds) as the property starting_step, and a log that takes the step.
+    assert isinstance(inspect.getattr_static(wandb.sdk.wandb_run.Run, "starting_step"), property)
+    assert {"data", "step"} <= set(inspect.signature(wandb.sdk.wandb_run.Run.log).parameters)
     logged: list[tuple[dict, int]] = []
     logger = WandbRunLogger(save_dir=str(tmp_path))
     # an online part whose W&B run holds steps 0-6 from an earlier part that logged past its checkpoint

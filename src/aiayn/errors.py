@@ -69,6 +69,13 @@ def is_number(value: Any) -> bool:
         return False
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (a library's can have several), or its type's name when it
+    has none: how a one-line message quotes the error it stems from."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def show(value: Any) -> str:
     """A config value as a user would type it on the command line."""
     if value is None:

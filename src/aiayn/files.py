@@ -23,7 +23,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -239,6 +239,30 @@ def refuse_links(folder: Path) -> None:
                 f"{entry}: is a link; a run writes only into its own folder: move it out of {folder} "
                 "(or start the run in another folder)"
             )
+
+
+def refuse_linked_paths(root: Path, folder: Path, files: Sequence[str] = ()) -> None:
+    """A :class:`~aiayn.errors.DataError` when a folder on the way from the run folder ``root`` to its ``folder`` is a
+    link or not a folder, or one of ``files`` in it a link or not a plain file: a logger writes there, and
+    a link in a copied or shared run folder would make it write outside the run folder. A ``folder`` that
+    is not in ``root`` is one the user named: theirs, not checked."""
+    try:
+        parts = Path(folder).relative_to(root).parts
+    except ValueError:
+        return
+    folders = [(root.joinpath(*parts[:n]), stat.S_ISDIR) for n in range(1, len(parts) + 1)]
+    for path, kind in folders + [(Path(folder) / name, stat.S_ISREG) for name in files]:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            if kind is stat.S_ISDIR:
+                return  # nothing in it either: what the logger writes there is new
+            continue
+        except OSError as error:
+            raise DataError(f"{path}: cannot be read ({error.strerror}); the run writes there") from None
+        if not kind(mode):
+            what = "a link" if stat.S_ISLNK(mode) else "not a folder" if kind is stat.S_ISDIR else "not a plain file"
+            raise DataError(f"{path}: is {what}; a run writes its logs only into its own folder: move it out of {root}")
 
 
 def held_folders() -> set[Path]:

@@ -1,14 +1,31 @@
-"""What this machine has: the CPUs a process may use, the device names, and the peak FLOP/s that MFU
-divides by. A leaf: data, training and the config checks use it."""
+"""What this machine has and how a process runs on it: the CPUs a process may use, its rank among a
+run's processes, the device names, the peak FLOP/s that MFU divides by, and glibc's allocator settings
+for CPU training. A leaf: data, training, the config layer and the commands use it. torch is imported by
+the functions that use it: the commands that only ask for their process's rank here (``aiayn-sweep``) start
+without it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import platform
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# Where the launchers (torchrun, SLURM's srun, LSF's jsrun, Lightning's DDP launcher) put a process's
+# global rank, in the order Lightning reads them (lightning_fabric.utilities.rank_zero._get_rank):
+# SLURM_PROCID is set in any SLURM job, also when SLURM does not start the ranks, so it comes late.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+GLIBC_DEFAULT_THRESHOLD = 128 * 1024
+RETAINING_THRESHOLD = 2**31 - 1
 
 
 def available_cpus() -> int:
@@ -17,6 +34,19 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0)) or 1
     except AttributeError:  # macOS and Windows have no affinity masks
         return os.cpu_count() or 1
+
+
+def process_rank() -> int:
+    """This process's global rank among the processes of a run (0 outside DDP), as Lightning counts it:
+    its ``rank_zero_only.rank`` once Lightning is loaded (its strategies set it as they start the ranks),
+    else the launchers' environment (:data:`RANK_VARIABLES`), which is where Lightning's value starts from
+    too. Read here rather than from Lightning so that the commands that do not train never import it:
+    a single process has rank 0, and the ranks a launcher started have the variables."""
+    rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")
+    lightning_rank = getattr(rank_zero.rank_zero_only, "rank", None) if rank_zero is not None else None
+    if lightning_rank is not None:
+        return lightning_rank
+    return next((int(os.environ[name]) for name in RANK_VARIABLES if name in os.environ), 0)
 
 
 # Dense peak tensor-core TFLOP/s per device from the vendors' data sheets (no structured sparsity), by
@@ -39,6 +69,8 @@ def matmul_precision(precision: str) -> str:
         return "bf16"
     if precision.startswith("16"):
         return "fp16"
+    import torch
+
     # fp32 matrix products run as TF32 on tensor cores unless the "highest" precision is asked for.
     return "fp32" if torch.get_float32_matmul_precision() == "highest" else "tf32"
 
@@ -59,6 +91,8 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
 def device_name(device: torch.device) -> str:
     """The GPU's marketing name, or the CPU model."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.get_device_name(device)
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
@@ -66,3 +100,28 @@ def device_name(device: torch.device) -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
+
+
+def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc's ``mallopt`` for the two thresholds; False where there is no glibc (or it refuses)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mmap_set = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
+    trim_set = bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    return mmap_set and trim_set
+
+
+def retain_freed_memory() -> bool:
+    """Keep large freed blocks in glibc's heap instead of returning them to the kernel.
+
+    Every training step allocates and frees logits of batch × length × vocabulary floats (100+ MB).
+    By default glibc serves such blocks with mmap and unmaps them on free, so each step pays for
+    fresh, zero-filled pages. Raising the mmap and trim thresholds makes the heap reuse them: training
+    steps run 1.15x faster on a 2-core CPU (`benchmarks/allocator.py`, `benchmarks/RESULTS.md`).
+    Returns whether the settings took effect (glibc on Linux only).
+    """
+    return set_malloc_thresholds(RETAINING_THRESHOLD, RETAINING_THRESHOLD)

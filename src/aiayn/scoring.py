@@ -15,13 +15,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEU
 from sacrebleu.significance import PairedTest
-from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+if TYPE_CHECKING:
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
 
 # sacreBLEU's defaults, spelled out: 13a tokenization, cased, exponential smoothing.
 BLEU_SETTINGS = {"tokenize": "13a", "lowercase": False}
@@ -38,6 +40,8 @@ _COMPOUND = re.compile(r"(\S)-(\S)")
 
 @cache
 def _moses(lang: str) -> tuple[MosesPunctNormalizer, MosesTokenizer]:
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer  # only tokenized BLEU needs it (~1 s to import)
+
     return MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
 

@@ -12,16 +12,17 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
-from pytorch_lightning.utilities.exceptions import SIGTERMException
-from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy, TrainingDiverged
+from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy, TrainingDiverged, first_line
 from aiayn.files import LOCK_FILE
-from aiayn.training.callbacks.preemption import Preempted
+from aiayn.machine import process_rank
+
+if TYPE_CHECKING:
+    import torch
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
@@ -92,10 +93,15 @@ def reported_run_errors(program: str, run_dir: Path, created: bool, again: str =
     - Ctrl-C outside training (while data is prepared, while the best checkpoint is evaluated):
       130, with the way to continue.
     """
+    # Here, not at the top: the commands that do not train share this module and start without Lightning.
+    from pytorch_lightning.utilities.exceptions import SIGTERMException
+
+    from aiayn.training.callbacks.preemption import Preempted
+
     try:
         yield
     except (*RUN_INPUT_ERRORS, OmegaConfBaseException) as error:
-        if created and rank_zero_only.rank == 0 and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
+        if created and process_rank() == 0 and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
             shutil.rmtree(run_dir, ignore_errors=True)
         fail(program, unresolvable(error) if isinstance(error, OmegaConfBaseException) else error, 2)
     except TrainingDiverged as error:
@@ -118,8 +124,7 @@ def reported_run_errors(program: str, run_dir: Path, created: bool, again: str =
 def unresolvable(error: OmegaConfBaseException) -> str:
     """One line for a setting OmegaConf cannot resolve (``name='${oops}'``), naming its key."""
     where = f" (in {error.full_key})" if getattr(error, "full_key", None) else ""
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"a setting cannot be resolved: {first}{where}; check the ${{...}} of the overrides"
+    return f"a setting cannot be resolved: {first_line(error)}{where}; check the ${{...}} of the overrides"
 
 
 def only_hydra_files(run_dir: Path) -> bool:
@@ -161,7 +166,7 @@ def quiet_libraries() -> None:
 def fail(program: str, error: BaseException | str, status: int, what: str = "error") -> None:
     """``<program>: <what>: <the error's message in one line>`` on stderr (once, by DDP rank 0), and exit
     with ``status``."""
-    if rank_zero_only.rank == 0:
+    if process_rank() == 0:
         message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"{program}: {what}: {message}", file=sys.stderr)
     sys.exit(status)
@@ -169,6 +174,8 @@ def fail(program: str, error: BaseException | str, status: int, what: str = "err
 
 def resolve_device(device: str) -> torch.device:
     """``auto`` is the first GPU when there is one, else the CPU."""
+    import torch  # here: aiayn-sweep and aiayn-report share this module and start without torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:

@@ -8,40 +8,23 @@ import tempfile
 from typing import Any
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
-from torch import nn
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
 from aiayn.config.build import transformer_config
 from aiayn.config.compose import config_dir
-from aiayn.model import Transformer, training_flops_per_token
-
-
-def parameters_by_component(model: Transformer) -> dict[str, int]:
-    """Each distinct parameter counted once, under the first component that holds it."""
-    components: dict[str, list[nn.Module]] = {
-        "embeddings": [model.src_embed, model.tgt_embed, model.output_proj],
-        "positional": [model.positions] if model.positions is not None else [],
-        "encoder": [model.encoder, model.encoder_norm],
-        "decoder": [model.decoder, model.decoder_norm],
-    }
-    seen: set[int] = set()
-    counts = {}
-    for name, modules in components.items():
-        total = 0
-        for module in modules:
-            for param in module.parameters():
-                if id(param) not in seen:
-                    seen.add(id(param))
-                    total += param.numel()
-        counts[name] = total
-    return counts
+from aiayn.model import Transformer, parameters_by_component, training_flops_per_token
 
 
 def summarize(cfg: DictConfig) -> dict[str, Any]:
+    """The model's parameters (total and by component), its training FLOPs per token and its settings.
+    The model is built on the meta device: its shapes are counted, no memory is allocated for them."""
+
     model_cfg = transformer_config(cfg)
-    model = Transformer(model_cfg)
+    with torch.device("meta"):
+        model = Transformer(model_cfg)
     by_component = parameters_by_component(model)
     return {
         "params": sum(by_component.values()),

@@ -51,6 +51,7 @@ def main() -> None:
 
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
+
     with reported_as_usage_errors("aiayn-translate"):
         source, target = checked_files(cfg)
         model, tokenizer, _ = load_translation_model(

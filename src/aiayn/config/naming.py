@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 from hydra.types import RunMode
-from lightning_fabric.utilities.rank_zero import rank_zero_only
 
 from aiayn.files import hold_run_folder, run_folder_holder
+from aiayn.machine import process_rank
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
 RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
@@ -114,7 +114,7 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
     runs = Path("outputs") / name
     if resume is True and (latest := latest_run(runs)):
         return str(latest)
-    if rank_zero_only.rank != 0:  # ranks started by srun or torchrun: the first one reserves the folder
+    if process_rank() != 0:  # ranks started by srun or torchrun: the first one reserves the folder
         return str(runs / now)
     return str(reserved_folder(runs, now))
 
@@ -125,7 +125,7 @@ def multirun_dir(now: str, mode: RunMode | None) -> str:
     started in the same second gets ``<start time>-2``. Resolved once, in the process that launches the
     jobs (Hydra copies the value into each job's config). Outside a multirun it is only a name."""
     folder = Path("outputs") / "multirun"
-    if mode != RunMode.MULTIRUN or rank_zero_only.rank != 0:
+    if mode != RunMode.MULTIRUN or process_rank() != 0:
         return str(folder / now)
     return str(reserved_folder(folder, now))
 
@@ -138,7 +138,7 @@ def job_dir(sweep: str, subdir: Any) -> str:
     in it: :class:`~aiayn.errors.RunFolderBusy`, which Hydra's resolver wraps (aiayn-train reports it in
     one line). The folder is given up when the job ends (:class:`aiayn.cli.train.RunFolderLock`)."""
     subdir = str(subdir)
-    if rank_zero_only.rank == 0:  # the DDP ranks of a SLURM job run the job too: the first one holds it
+    if process_rank() == 0:  # the DDP ranks of a SLURM job run the job too: the first one holds it
         hold_run_folder(Path(sweep) / subdir)
     return subdir
 

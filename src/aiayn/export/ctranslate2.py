@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from aiayn.errors import first_line
 from aiayn.export.folder import (
     PROVENANCE_FILE,
     TOKENIZER_FILE,
@@ -32,7 +33,6 @@ from aiayn.export.folder import (
 )
 from aiayn.machine import available_cpus
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
-from aiayn.training.checkpoints import first_line
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "float16", "bfloat16", "int8_bfloat16")
 MODEL_FILE = "model.bin"

@@ -8,7 +8,13 @@ from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.beam_search import PAPER_DECODING, DecodingOptions, Hypothesis, beam_search, length_penalty
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, translate_ids
-from aiayn.model.flops import batch_training_flops, count_parameters, forward_flops, training_flops_per_token
+from aiayn.model.flops import (
+    batch_training_flops,
+    count_parameters,
+    forward_flops,
+    parameters_by_component,
+    training_flops_per_token,
+)
 from aiayn.model.transformer import Transformer
 
 __all__ = [
@@ -25,6 +31,7 @@ __all__ = [
     "forward_flops",
     "greedy_decode",
     "length_penalty",
+    "parameters_by_component",
     "training_flops_per_token",
     "translate_ids",
 ]

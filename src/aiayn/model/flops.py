@@ -2,15 +2,43 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from aiayn.model.config import TransformerConfig
 
+if TYPE_CHECKING:
+    from aiayn.model.transformer import Transformer
+
 
 def count_parameters(module: nn.Module) -> int:
     """Distinct trainable parameters (a tied matrix counts once)."""
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+def parameters_by_component(model: Transformer) -> dict[str, int]:
+    """Parameters of the embeddings (with the output projection, which §3.4 ties to them), the position
+    table, the encoder and the decoder: each distinct parameter counted once, under the first component
+    that holds it. A model built on the meta device counts alike, without the memory."""
+    components: dict[str, list[nn.Module]] = {
+        "embeddings": [model.src_embed, model.tgt_embed, model.output_proj],
+        "positional": [model.positions] if model.positions is not None else [],
+        "encoder": [model.encoder, model.encoder_norm],
+        "decoder": [model.decoder, model.decoder_norm],
+    }
+    seen: set[int] = set()
+    counts = {}
+    for name, modules in components.items():
+        total = 0
+        for module in modules:
+            for param in module.parameters():
+                if id(param) not in seen:
+                    seen.add(id(param))
+                    total += param.numel()
+        counts[name] = total
+    return counts
 
 
 def forward_flops(

@@ -11,15 +11,14 @@ import logging
 import os
 import pickle
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import CheckpointError, FieldError, show, whole
+from aiayn.errors import CheckpointError, FieldError, first_line, show, whole
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.model.weights import check_weights
@@ -140,10 +139,6 @@ def _plain_data(node: Any, depth: int = 0) -> bool:
     if isinstance(node, list):
         return all(_plain_data(value, depth + 1) for value in node)
     return node is None or isinstance(node, str | bool | int | float)
-
-
-def first_line(error: BaseException) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def check_resumable(path: Path) -> dict[str, Any]:
@@ -289,44 +284,6 @@ def save_checkpoint(checkpoint: dict[str, Any], path: Path) -> None:
     """Write ``checkpoint`` to ``path`` atomically (:func:`aiayn.files.atomic_write`): a crash while
     saving leaves the previous file whole, and no writer touches another's temporary file."""
     atomic_write(Path(path), lambda file: torch.save(checkpoint, file))
-
-
-class RunCheckpointIO(CheckpointIO):
-    """Lightning's checkpoint input/output for a run: :func:`save_checkpoint`'s atomic writes and
-    :func:`load_checkpoint`'s ``weights_only`` reads (or the user's own ``inner`` input/output, e.g. for
-    cloud storage), every checkpoint read passed through ``check`` before Lightning restores any of
-    it (:class:`~aiayn.training.restored_state.RestoredState`), and deletions confined to ``folder``,
-    the run's ``checkpoints/``: a checkpoint tracker (``ModelCheckpoint``) deletes through here, and
-    its list of files comes from checkpoints people share."""
-
-    def __init__(
-        self,
-        folder: Path,
-        check: Callable[[dict[str, Any], Path], dict[str, Any]] | None = None,
-        inner: CheckpointIO | None = None,
-    ) -> None:
-        self.folder, self.check, self.inner = Path(folder), check, inner
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
-        if self.inner is not None:
-            self.inner.save_checkpoint(checkpoint, path, storage_options)
-        else:
-            save_checkpoint(checkpoint, Path(path))
-
-    def load_checkpoint(self, path: Any, map_location: Any | None = None, weights_only: bool | None = None) -> Any:
-        # Lightning's strategies pass no map_location: tensors load on the CPU, then move with the module.
-        if self.inner is not None:
-            checkpoint = self.inner.load_checkpoint(path, map_location, weights_only=True)
-        else:
-            checkpoint = load_checkpoint(Path(path))
-        return self.check(checkpoint, Path(path)) if self.check is not None else checkpoint
-
-    def remove_checkpoint(self, path: Any) -> None:
-        remove_plain_file(path, self.folder)
-
-    def teardown(self) -> None:
-        if self.inner is not None:
-            self.inner.teardown()
 
 
 def remove_plain_file(path: Any, folder: Path) -> bool:

@@ -1,5 +1,5 @@
 """The Lightning callbacks of a training run, one concern per module: the checkpoints it writes
 (:mod:`.checkpointing`), what each checkpoint carries beyond Lightning's state (:mod:`.run_state`),
 speed (:mod:`.throughput`), non-finite steps (:mod:`.faults`), a scheduler's signals
-(:mod:`.preemption`), the dashboard's samples and attention maps (:mod:`.samples`) and the console
-(:mod:`.progress`)."""
+(:mod:`.preemption`), the dashboard's samples and attention maps (:mod:`.samples`), the console
+(:mod:`.progress`), and the steps at which the loggers get the step metrics (:mod:`.cadence`)."""

@@ -1,6 +1,6 @@
 """The checkpoints a run writes into ``<run>/checkpoints/``: ``last.ckpt`` (:class:`LastCheckpoint`, its
 one owner), ``best.ckpt`` (the best validation score so far) and ``step<N>.ckpt`` (the newest few, for
-averaging, §6.1). Every write and deletion goes through :class:`~aiayn.training.checkpoints.RunCheckpointIO`."""
+averaging, §6.1). Every write and deletion goes through :class:`~aiayn.training.checkpoint_io.RunCheckpointIO`."""
 
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ import pytorch_lightning as pl
 import torch
 
 from aiayn.errors import TrainingDiverged
+from aiayn.training.callbacks.cadence import metrics_flushed_at
 from aiayn.training.distributed import max_over_ranks
-from aiayn.training.loggers import metrics_flushed_at
 
 log = logging.getLogger(__name__)
 MIN_LOSS_SCALE = 1e-4  # fp16: a scaler this low means gradients overflow at any scale (fairseq's floor too)

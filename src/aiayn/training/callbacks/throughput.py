@@ -10,8 +10,8 @@ import torch
 
 from aiayn.machine import device_name, peak_flops
 from aiayn.model import batch_training_flops
+from aiayn.training.callbacks.cadence import metrics_flushed_at
 from aiayn.training.distributed import gathered_from_ranks, own_share, summed_over_ranks
-from aiayn.training.loggers import metrics_flushed_at
 
 
 class TokenThroughput(pl.Callback):

@@ -1,0 +1,334 @@
+"""What ``aiayn-eval`` does: a checkpoint (or an exported engine) and a text with its references →
+hypotheses, their scores and a JSON report in an output folder; with a compared system (another
+checkpoint, or a file of hypotheses), also whether the two differ significantly (sacreBLEU's paired
+bootstrap). Plain arguments: the console script reads them from its config."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.data.corpus import read_lines, read_parallel
+from aiayn.data.stored import instantiated_from_checkpoint
+from aiayn.errors import CheckpointError, ConfigError, show
+from aiayn.evaluation.translator import Translator, load_translation_model
+from aiayn.export.ctranslate2 import EngineModel
+from aiayn.files import atomic_write
+from aiayn.model import DecodingOptions
+from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
+
+TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
+TOKENIZED_BLEU = ("auto", True, False)
+# What torch.load reads: a zip archive (torch.save's format) or a pickle (its legacy one). Neither can
+# begin a file of UTF-8 text, so a file of hypotheses is never mistaken for a checkpoint.
+CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+@dataclass(frozen=True)
+class Texts:
+    """What is evaluated: the files ``source`` and ``reference`` when given, else the ``split`` (train, val
+    or test) of the corpus the checkpoint's run was trained on, read from ``data_root`` (or the Hub
+    dataset ``data_hub``)."""
+
+    split: str = "test"
+    source: Path | None = None
+    reference: Path | None = None
+    data_root: str | None = None
+    data_hub: str | None = None
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """An evaluation's results: the JSON report (also written to ``report_file``), the hypotheses' file
+    and, with a compared system, the paired bootstrap's result."""
+
+    report: dict[str, Any]
+    report_file: Path
+    hypotheses_file: Path
+    comparison: PairedBootstrap | None
+
+
+def evaluate(
+    checkpoint: Path,
+    texts: Texts,
+    decoding: DecodingOptions,
+    device: torch.device,
+    *,
+    backend: str = "auto",
+    compute_type: str = "default",
+    max_tokens: int = 8192,
+    tokenized_bleu: str | bool = "auto",
+    compare: tuple[Path, bool] | None = None,
+    output_dir: Path | None = None,
+) -> Evaluation:
+    """Translates ``texts`` with the model of ``checkpoint`` (decoded by ``backend``, with ``decoding``,
+    in batches of ``max_tokens`` source tokens on ``device``), scores the hypotheses against the
+    references (sacreBLEU and chrF; the paper's tokenized BLEU too when ``tokenized_bleu`` is true, or
+    ``auto`` and the target language is one the paper reports it for) and writes the hypotheses and the
+    report to ``output_dir`` (:func:`output_folder`). ``compare`` is :func:`compared_system`'s: its
+    system is checked before anything is translated, then translated alike (a checkpoint) and tested
+    against this one.
+
+    The files are named by what defines them (the checkpoint, the texts, the settings, the compared
+    system; :func:`output_digest`): another text of the same file name, other options or another
+    compared system never replace them, and the same evaluation again replaces its own."""
+    if tokenized_bleu not in TOKENIZED_BLEU:
+        raise ConfigError("tokenized_bleu", tokenized_bleu, "must be auto, true or false")
+    model, tokenizer, run_config = load_translation_model(checkpoint, backend, device, compute_type)
+    translator = Translator(model, tokenizer, decoding, max_tokens=max_tokens)
+    tgt_lang = (direction(run_config, checkpoint) or (None, None))[1]
+    name, source, reference = evaluation_texts(texts, run_config, checkpoint)
+    second = second_system(compare, translator, run_config, checkpoint, reference, device) if compare else None
+    wants_tokenized = tokenized_bleu is True or (tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS)
+    settings = settings_of(translator, device)
+    digest = texts_digest(source, reference)
+    identity = {
+        "checkpoint": file_identity(checkpoint),
+        "texts": digest,
+        "settings": settings,
+        "tokenized_bleu": tgt_lang if wants_tokenized else None,
+        "compare": [*file_identity(compare[0]), compare[1]] if compare else None,
+    }
+    folder = output_folder(checkpoint, output_dir)
+    engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
+    system = checkpoint.resolve().name if checkpoint.is_dir() else checkpoint.stem
+    stem = f"{system}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}.{output_digest(identity)}"
+
+    start = time.perf_counter()
+    hypotheses = translator.translate(source)
+    seconds = time.perf_counter() - start
+    scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
+    folder.mkdir(parents=True, exist_ok=True)
+    hyp_file = folder / f"{stem}.hyp.txt"
+    atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
+    report = {
+        "checkpoint": str(checkpoint),
+        "evaluated": name,
+        "texts_sha256": digest,
+        "backend": settings["backend"],
+        **({"compute_type": model.arithmetic} if engine else {}),
+        "settings": settings,
+        "sentences": len(source),
+        "decoding": decoding.to_dict(),
+        **scores,
+        "seconds": seconds,
+        "sentences_per_s": len(source) / seconds if seconds else None,
+        "hypotheses": str(hyp_file),
+    }
+    test = None
+    if compare is not None:
+        system_path, is_checkpoint = compare
+        other, other_file, other_settings = second, system_path, None
+        if isinstance(second, Translator):  # named after both: two runs' best.ckpt must not share one file
+            other_file = folder / f"{stem}.compare-{system_path.stem}.hyp.txt"
+            other, other_settings = second.translate(source), settings_of(second, device)
+            atomic_write(other_file, "".join(line + "\n" for line in other))
+        test = paired_bootstrap([(str(checkpoint), hypotheses), (str(system_path), other)], reference)
+        report["compare"] = comparison_report(test, system_path, is_checkpoint, other_file, other_settings)
+    report_file = folder / f"{stem}.json"
+    atomic_write(report_file, json.dumps(report, indent=2) + "\n")
+    return Evaluation(report, report_file, hyp_file, test)
+
+
+def evaluation_texts(texts: Texts, run_config: dict[str, Any], checkpoint: Path) -> tuple[str, list[str], list[str]]:
+    """A name for the evaluated text, its source lines and its references: the files given, or a split of
+    the corpus the checkpoint's run was trained on, read from the user's ``data.root`` (or the Hub
+    dataset ``data.hub``). The stored ``data`` section only says which corpus, direction and splits
+    (:func:`~aiayn.data.stored.instantiated_from_checkpoint`): a shared checkpoint never makes its
+    reader scan a folder or fetch a dataset it names."""
+    if texts.source or texts.reference:
+        if not (texts.source and texts.reference):
+            raise ValueError("source and reference go together: set both, or neither to evaluate a split")
+        source, reference = read_parallel(texts.source.expanduser(), texts.reference.expanduser())
+        return texts.source.name, source, reference
+    data = run_config.get("data") if isinstance(run_config, dict) else None
+    if not isinstance(data, dict) or "_target_" not in data:
+        raise CheckpointError(f"checkpoint {checkpoint} holds no data section to evaluate a split of; "
+                              "give source=<file> reference=<file>")  # fmt: skip
+    datamodule = instantiated_from_checkpoint(data, "data", checkpoint, root=texts.data_root, hub=texts.data_hub)
+    source, reference = datamodule.split_texts(texts.split)
+    return texts.split, source, reference
+
+
+def output_folder(checkpoint: Path, output_dir: Path | None) -> Path:
+    """``output_dir``, else ``eval/`` in the checkpoint's run folder (beside a CTranslate2 folder). A
+    default ``eval`` that is a link (a copied run folder's) is refused: it may lead anywhere."""
+    if output_dir:
+        return output_dir.expanduser()
+    run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    folder = checkpoint.resolve().parent / "eval" if checkpoint.is_dir() else run / "eval"
+    if folder.is_symlink():
+        raise ConfigError("output_dir", None, f"would be {folder}, a link; name the folder to write to")
+    return folder
+
+
+def compared_system(value: Any) -> tuple[Path, bool] | None:
+    """``compare=``: None, or an existing file and whether it is a checkpoint (a ``.ckpt``, or a file in
+    a format ``torch.load`` reads) rather than a file of hypotheses. Checked before any model is loaded."""
+    if value is None:
+        return None
+    allowed = "must be a checkpoint (.ckpt) or a UTF-8 file of hypotheses, one per line of the references"
+    if not isinstance(value, str) or not value:
+        raise ConfigError("compare", value, allowed)
+    path = Path(value)
+    if not path.is_file():
+        raise ConfigError("compare", value, f"is not a file; it {allowed.removeprefix('must ')}")
+    with path.open("rb") as handle:
+        head = handle.read(4)
+    return path, path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
+
+
+def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
+    """How ``translator`` decodes on ``device``: what the JSON report records for each system, and what
+    two compared systems must share."""
+    model = translator.model
+    engine = isinstance(model, EngineModel)
+    return {
+        "backend": "ctranslate2" if engine else "aiayn",
+        "compute_type": model.arithmetic if engine else None,
+        "device": str(device),
+        "decoding": translator.decoding.to_dict(),
+        "max_tokens": translator.max_tokens,
+    }
+
+
+def second_system(
+    compare: tuple[Path, bool], first: Translator, first_run: dict[str, Any], checkpoint: Path,
+    references: list[str], device: torch.device,
+) -> Translator | list[str]:  # fmt: skip
+    """The ``compare=`` system, checked before anything is translated: a checkpoint's translator, which
+    decodes exactly as ``first`` does (the same backend, compute type, device, decoding options and
+    batches; an engine folder's checkpoint is converted for the engine with its arithmetic) and
+    translates in the same direction; or the file's hypotheses, one per reference."""
+    system, is_checkpoint = compare
+    if not is_checkpoint:
+        hypotheses = read_lines(system)
+        if len(hypotheses) != len(references):
+            lines = f"has {len(hypotheses)} lines but there are {len(references)} references"
+            allowed = f"{lines}; give one hypothesis per reference"
+            raise ConfigError("compare", str(system), allowed)
+        return hypotheses
+    wanted = settings_of(first, device)
+    backend, compute_type = wanted["backend"], wanted["compute_type"] or "default"
+    try:
+        model, tokenizer, run_config = load_translation_model(system, backend, device, compute_type)
+    except CheckpointError as error:
+        raise CheckpointError(f"compare={system}: {error}") from None
+    first_direction, second_direction = direction(first_run, checkpoint), direction(run_config, system)
+    if first_direction and second_direction and first_direction != second_direction:
+        allowed = (
+            f"translates {'→'.join(second_direction)}, checkpoint= {'→'.join(first_direction)}; "
+            "compare systems of one direction"
+        )
+        raise ConfigError("compare", str(system), allowed)
+    second = Translator(model, tokenizer, first.decoding, max_tokens=first.max_tokens)
+    if (got := settings_of(second, device)) != wanted:
+        differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
+        raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
+    return second
+
+
+def direction(run_config: dict[str, Any], checkpoint: Path) -> tuple[str, str] | None:
+    """(source language, target language) of a checkpoint's run, when its config says; a stored
+    language that is not a string is a :class:`CheckpointError` naming it."""
+    data = run_config.get("data") if isinstance(run_config, dict) else None
+    if not isinstance(data, dict) or data.get("src_lang") is None or data.get("tgt_lang") is None:
+        return None
+    for key in ("src_lang", "tgt_lang"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise CheckpointError(
+                f"checkpoint {checkpoint}: its stored data.{key}={show(data[key])} is not a language code; "
+                "a checkpoint aiayn-train wrote holds one (en, de, ...)"
+            )
+    return data["src_lang"], data["tgt_lang"]
+
+
+def texts_digest(source: Sequence[str], reference: Sequence[str]) -> str:
+    """SHA-256 of the evaluated text and its references, line by line (a line's length goes first, so
+    that the line boundaries count)."""
+    digest = hashlib.sha256()
+    for lines in (source, reference):
+        digest.update(f"{len(lines)}\n".encode())
+        for line in lines:
+            encoded = line.encode("utf-8", "surrogatepass")
+            digest.update(f"{len(encoded)}:".encode() + encoded)
+    return digest.hexdigest()
+
+
+def file_identity(path: Path) -> list[Any]:
+    """The resolved path, size and modification time of a checkpoint (of each file of a folder): a
+    checkpoint written again (a newer best.ckpt) is another system."""
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    return [str(path.resolve()), *([f.name, f.stat().st_size, f.stat().st_mtime_ns] for f in files if f.is_file())]
+
+
+def output_digest(identity: dict[str, Any]) -> str:
+    """A short name for everything that defines an evaluation's outputs: the checkpoint, the texts,
+    how both systems decode, the scores asked for and the compared system. Two evaluations that
+    differ in any of these write different files; the same evaluation again replaces its own."""
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def comparison_report(
+    test: PairedBootstrap, system: Path, is_checkpoint: bool, hypotheses: Path, settings: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The JSON report's ``compare`` section: the second system's sacreBLEU, its difference to the first
+    (``checkpoint=``, the test's baseline) with the 95% interval, the p-value, and how it was decoded
+    (``settings``, the first system's; null for a file of hypotheses, decoded elsewhere)."""
+    baseline, other = test.systems
+    return {
+        "system": str(system),
+        "kind": "checkpoint" if is_checkpoint else "hypotheses",
+        "hypotheses": str(hypotheses),
+        "settings": settings,
+        "sacrebleu": other.bleu,
+        "sacrebleu_mean": other.mean,
+        "sacrebleu_ci": other.ci,
+        "baseline_sacrebleu_mean": baseline.mean,
+        "baseline_sacrebleu_ci": baseline.ci,
+        "difference": other.difference,  # compare= minus checkpoint=
+        "difference_ci": list(other.difference_ci) if other.difference_ci else None,
+        "p_value": other.p_value,
+        "significant": other.p_value < SIGNIFICANCE_LEVEL,
+        "test": "paired bootstrap resampling (sacreBLEU --paired-bs)",
+        "samples": test.samples,
+        "seed": test.seed,  # null: SACREBLEU_SEED fixes none (none or 0): not repeatable
+        "signature": test.signature,
+    }
+
+
+def summary_lines(evaluation: Evaluation) -> list[str]:
+    """What ``aiayn-eval`` prints: the scores with their signatures; with a compared system, both
+    systems' sacreBLEU (with sacreBLEU's bootstrap mean ± 95% CI), the difference, its interval, the
+    p-value and whether that is significant; and where the files are."""
+    report = evaluation.report
+    lines = [
+        f"sacreBLEU {report['sacrebleu']:.2f}  {report['sacrebleu_signature']}  (detokenized; compare this one)",
+        f"chrF      {report['chrf']:.2f}  {report['chrf_signature']}",
+    ]
+    if "tokenized_bleu" in report:
+        lines.append(f"tokenized BLEU {report['tokenized_bleu']:.2f}  ({report['tokenized_bleu_note']})")
+    if (test := evaluation.comparison) is not None:
+        baseline, other = test.systems
+        for label, system in (("checkpoint", baseline), ("compare", other)):
+            scores = f"sacreBLEU {system.bleu:.2f}  (bootstrap μ {system.mean:.2f} ± {system.ci:.2f})"
+            lines.append(f"{label:<10} {scores}  {system.name}")
+        low_high = other.difference_ci
+        interval = f"[{low_high[0]:+.2f}, {low_high[1]:+.2f}]" if low_high else "not computed (no fixed seed)"
+        verdict = "significant" if other.p_value < SIGNIFICANCE_LEVEL else "not significant"
+        lines.append(
+            f"difference {other.difference:+.2f} (compare − checkpoint), 95% CI {interval}, p = {other.p_value:.4f} "
+            f"({verdict} at {SIGNIFICANCE_LEVEL}); paired bootstrap {test.signature}"
+        )
+    lines.append(
+        f"{report['sentences']} sentences in {report['seconds']:.1f} s; hypotheses: {evaluation.hypotheses_file}; "
+        f"scores: {evaluation.report_file}"
+    )
+    return lines
