@@ -16,7 +16,8 @@ import torch
 
 from aiayn.data import Multi30kDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
-from aiayn.training.allocator import GLIBC_DEFAULT_THRESHOLD, RETAINING_THRESHOLD, set_malloc_thresholds
+from aiayn.machine import GLIBC_DEFAULT_THRESHOLD, RETAINING_THRESHOLD, set_malloc_thresholds
+from aiayn.model import TransformerConfig
 from aiayn.training.module import TranslationModule
 
 SMALL = {"vocab_size": 8000, "n_layers": 3, "d_model": 256, "d_ff": 1024, "n_heads": 4, "d_k": 64, "d_v": 64}
@@ -34,7 +35,7 @@ def main() -> None:
     dm.setup()
     batches = list(dm.train_dataloader())[: args.steps]
     tokens = sum(int(b["src"].ne(0).sum() + b["tgt_out"].ne(0).sum()) for b in batches)
-    module = TranslationModule(model=SMALL, bos_id=BOS_ID, eos_id=EOS_ID)
+    module = TranslationModule(model=TransformerConfig(**SMALL), bos_id=BOS_ID, eos_id=EOS_ID)
     optimizer = torch.optim.Adam(module.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def run_steps() -> float:

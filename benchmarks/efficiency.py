@@ -1,12 +1,12 @@
 """How close our training step comes to the machine: achieved model FLOP/s over a large fp32 matmul's.
 
 Model FLOPs are those of `aiayn.model.flops` (every matrix product at the pairs' real lengths,
-backward = 2x forward; padding adds none). The ceiling is a 4096³ fp32 matrix product, the practical
-peak of this machine; the two are measured in turn, `--rounds` times, and the ratio of each round's pair
+backward = 2x forward; padding adds none). The ceiling is a 4096³ fp32 matrix product (`--matmul-size`), the
+practical peak of this machine; the two are measured in turn, `--rounds` times, and the ratio of each round's pair
 is reported (median). Steps are `aiayn-train`'s (its module, loss, optimizer and schedule) on its own
 Multi30k batches.
 Usage: python benchmarks/efficiency.py [--data ../shared/data/multi30k] [--models base small] [--steps 3]
-       [--rounds 3] [more aiayn-train overrides]
+       [--rounds 3] [--matmul-size 4096] [more aiayn-train overrides]
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 
 import torch
 
-from aiayn.config.build import module_kwargs
-from aiayn.training.module import TranslationModule
+from aiayn.config.plan import module_settings
 from train_throughput import our_step
 from workload import (
     benchmark_parser,
@@ -39,13 +38,13 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = training_config(model_name, args.data, args.overrides)
     batches = training_batches(cfg, args.steps)
     torch.manual_seed(0)
-    module = TranslationModule(**module_kwargs(cfg)).train()
+    module = module_settings(cfg).build().train()
     run = timed_steps(our_step(module), batches)
     flops_per_token = model_flops(module.model.cfg, batches) / sum(real_tokens(batch) for batch in batches)
     run()  # warm-up
     ratios, achieved, ceilings = [], [], []
     for _ in range(args.rounds):
-        ceilings.append(matmul_ceiling())
+        ceilings.append(matmul_ceiling(args.matmul_size))
         achieved.append(run() * flops_per_token)
         ratios.append(achieved[-1] / ceilings[-1])
     print(f"\nmodel={model_name}: {len(batches)} batches per round, {args.rounds} rounds")
@@ -62,7 +61,8 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     parser = benchmark_parser(__doc__, steps=3, rounds=3, steps_help="training batches per round")
     parser.add_argument("--models", nargs="+", default=["base", "small"], help="model configs (conf/model)")
-    args = parse_counts(parser)
+    parser.add_argument("--matmul-size", type=int, default=4096, help="side of the matrices of the fp32 ceiling")
+    args = parse_counts(parser, "matmul_size")
 
     prepare_process()
     print(machine())

@@ -28,9 +28,8 @@ import pytorch_lightning as pl
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from aiayn.config.build import module_kwargs
+from aiayn.config.plan import module_settings
 from aiayn.experiments.run import train
-from aiayn.training.module import TranslationModule
 from train_throughput import Step, our_step
 from workload import benchmark_parser, machine, parse_counts, prepare_process, real_tokens, training_config
 
@@ -63,7 +62,7 @@ class Interleaved(pl.Callback):
 def interleaved_run(cfg: DictConfig, args: argparse.Namespace) -> Interleaved:
     """One run of `aiayn-train`'s training function with the bare loop interleaved."""
     pl.seed_everything(cfg.seed, verbose=False)
-    bare = our_step(TranslationModule(**module_kwargs(cfg)).train())
+    bare = our_step(module_settings(cfg).build().train())
     timer = Interleaved(bare, args.warmup, args.steps)
     with tempfile.TemporaryDirectory() as run_dir:
         train(cfg, Path(run_dir), callbacks=[timer])

@@ -14,6 +14,7 @@ Usage: python benchmarks/speedups.py [--data ../shared/data/multi30k] [--model b
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from statistics import median
 from typing import Any
@@ -23,9 +24,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
-from aiayn.config.build import module_kwargs
+from aiayn.config.plan import module_settings
 from aiayn.model.dropout import Dropout
-from aiayn.training.module import TranslationModule
 from train_throughput import Step
 from workload import benchmark_parser, machine, parse_counts, prepare_process, race, training_batches, training_config
 
@@ -33,7 +33,7 @@ from workload import benchmark_parser, machine, parse_counts, prepare_process, r
 def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Step:
     """A training step of ``cfg``'s module with the chosen parts."""
     torch.manual_seed(0)
-    module = TranslationModule(**{**module_kwargs(cfg), "compile": compile}).train()
+    module = dataclasses.replace(module_settings(cfg), compile=compile).build().train()
     if torch_dropout:
         for parent in list(module.model.modules()):
             for name, child in parent.named_children():

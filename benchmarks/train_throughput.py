@@ -7,7 +7,7 @@ target tokens. Efficiency is our achieved model FLOP/s over a large fp32 matrix 
 measured in this process before and after the race.
 Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
 Usage: python benchmarks/train_throughput.py [--data ../shared/data/multi30k] [--models base small]
-       [--steps 4] [--rounds 3] [model.compile=true ...]
+       [--steps 4] [--rounds 3] [--matmul-size 4096] [model.compile=true ...]
 The final line is JSON; its top-level ratios are model=base's.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from aiayn.config.build import model_config, module_kwargs
-from aiayn.model import TransformerConfig, count_parameters
+from aiayn.config.plan import module_settings
+from aiayn.model import count_parameters
 from aiayn.training.module import TranslationModule
 from peers import NNTransformer, marian
 from workload import (
@@ -86,8 +86,9 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = training_config(model_name, args.data, args.overrides)
     batches = training_batches(cfg, args.steps, skip=args.skip)
     torch.manual_seed(0)
-    module = TranslationModule(**module_kwargs(cfg)).train()
-    model_cfg = TransformerConfig(**model_config(cfg))
+    settings = module_settings(cfg)
+    module = settings.build().train()
+    model_cfg = settings.model
     models = {"aiayn": module.model}
     if not args.skip_hf:
         models["marian"] = marian(model_cfg).train()
@@ -99,9 +100,9 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     steps = {name: in_precision(step, args.precision) for name, step in steps.items()}
 
-    ceiling_before = matmul_ceiling()
+    ceiling_before = matmul_ceiling(args.matmul_size)
     speeds = race(steps, batches, args.rounds)
-    ceiling = median([ceiling_before, matmul_ceiling()])
+    ceiling = median([ceiling_before, matmul_ceiling(args.matmul_size)])
     tokens = sum(real_tokens(batch) for batch in batches)
     flops = model_flops(model_cfg, batches)
     ours = median(speeds["aiayn"])
@@ -137,7 +138,8 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=0, help="start at this batch of the first epoch")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="all contestants'")
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
-    args = parse_counts(parser)
+    parser.add_argument("--matmul-size", type=int, default=4096, help="side of the matrices of the fp32 ceiling")
+    args = parse_counts(parser, "matmul_size")
 
     prepare_process()
     print(machine())

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 import torch
 
-from aiayn.config.build import module_kwargs
 from aiayn.config.compose import compose_run_config
-from aiayn.training.module import TranslationModule
+from aiayn.config.plan import ModuleSettings, module_settings
+
+# Every layer runs the same code (a loop over identical layers), and compile and trace time grow with
+# the unrolled graph: one layer each side proves for all what two would, in half the time.
+ONE_LAYER = ("model.n_layers=1",)
 
 
-def tiny_kwargs(*overrides: str) -> dict[str, Any]:
-    return module_kwargs(compose_run_config(["model=tiny", "logger=none", *overrides]))
+def tiny_settings(*overrides: str) -> ModuleSettings:
+    return module_settings(compose_run_config(["model=tiny", "logger=none", *overrides]))
 
 
 def tiny_batch(vocab_size: int) -> dict[str, Any]:
@@ -27,14 +31,14 @@ def tiny_batch(vocab_size: int) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_compiled_module_keeps_parameter_names_and_trains_as_eager_does() -> None:
-    kwargs = tiny_kwargs("model.compile=true", "model.dropout=0.0")
-    assert kwargs["compile"] is True and "compile" not in kwargs["model"]
+    settings = tiny_settings("model.compile=true", "model.dropout=0.0", *ONE_LAYER)
+    assert settings.compile is True and "compile" not in settings.model.to_dict()
     torch.manual_seed(0)
-    compiled = TranslationModule(**kwargs).train()
-    eager = TranslationModule(**{**kwargs, "compile": False}).train()
+    compiled = settings.build().train()
+    eager = dataclasses.replace(settings, compile=False).build().train()
     assert list(compiled.state_dict()) == list(eager.state_dict())
     eager.load_state_dict(compiled.state_dict())
-    batch = tiny_batch(kwargs["model"]["vocab_size"])
+    batch = tiny_batch(settings.model.vocab_size)
     losses = [module.training_loss(batch)[0] for module in (compiled, eager)]
     torch.testing.assert_close(losses[0], losses[1])
     for loss in losses:
@@ -45,13 +49,13 @@ def test_compiled_module_keeps_parameter_names_and_trains_as_eager_does() -> Non
 
 @pytest.mark.slow
 def test_the_training_forward_compiles_into_one_graph() -> None:
-    kwargs = tiny_kwargs("model.dropout=0.1")
-    model = TranslationModule(**kwargs).train().model
-    batch = tiny_batch(kwargs["model"]["vocab_size"])
+    settings = tiny_settings("model.dropout=0.1", *ONE_LAYER)
+    model = settings.build().train().model
+    batch = tiny_batch(settings.model.vocab_size)
     explained = torch._dynamo.explain(model)(batch["src"], batch["tgt_in"])
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
 def test_model_compile_must_be_a_boolean() -> None:
     with pytest.raises(ValueError, match=r"model.compile=maybe must be true or false"):
-        tiny_kwargs("model.compile=maybe")
+        tiny_settings("model.compile=maybe")

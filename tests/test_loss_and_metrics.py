@@ -15,12 +15,15 @@ from aiayn.model import Transformer, TransformerConfig
 from aiayn.scoring import BLEU_SETTINGS
 from aiayn.training.loss import label_smoothed_cross_entropy
 from aiayn.training.module import TranslationModule
+from aiayn.training.schedule import OptimSettings
 
 MODEL = {"vocab_size": 8000, "n_layers": 2, "d_model": 64, "d_ff": 128, "n_heads": 4, "d_k": 16, "d_v": 16}
 
 
 def test_label_smoothed_loss_ignores_padding_and_matches_the_definition() -> None:
-    module = TranslationModule(model=MODEL, bos_id=BOS_ID, eos_id=EOS_ID, label_smoothing=0.1)
+    module = TranslationModule(
+        model=TransformerConfig(**MODEL), bos_id=BOS_ID, eos_id=EOS_ID, optim=OptimSettings(label_smoothing=0.1)
+    )
     torch.manual_seed(0)
     logits = torch.randn(2, 3, 8000)
     target = torch.tensor([[5, 6, 0], [7, 0, 0]])  # 0 is padding

@@ -21,10 +21,12 @@ from pytorch_lightning.utilities import rank_zero_only
 from aiayn.cli.common import fail, quiet_libraries, reported_hydra_errors, reported_run_errors
 from aiayn.config.compose import config_dir
 from aiayn.config.naming import RUN_DIR_ENV
-from aiayn.errors import ConfigError, DataError, RunFolderBusy
+from aiayn.config.preflight import check_multirun_resume
+from aiayn.config.run_folder import dashboard_group, named_by_user
+from aiayn.errors import DataError, RunFolderBusy
 from aiayn.experiments.run import train
 from aiayn.files import held_folders, hold_run_folder, release_run_folder
-from aiayn.training.allocator import retain_freed_memory
+from aiayn.machine import retain_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +71,7 @@ def run(cfg: DictConfig) -> None:
     multirun = hydra_cfg.mode == RunMode.MULTIRUN and not os.environ.get(RUN_DIR_ENV)
     again = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else ""
     with reported_run_errors("aiayn-train", run_dir, created=not named, again=again):
-        if hydra_cfg.mode == RunMode.MULTIRUN and cfg.resume is True and not cfg.sweep_dir:
-            allowed = "continues one run: drop -m (a multirun's jobs continue in their folders when it runs again "
-            raise ConfigError("resume", True, allowed + "with the same hydra.sweep.dir)")
+        check_multirun_resume(cfg.resume, cfg.sweep_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
         results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
     if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
@@ -122,23 +122,6 @@ def folder_error(error: BaseException | None) -> RunFolderBusy | DataError | Non
     while error is not None and not isinstance(error, RunFolderBusy | DataError):
         error = error.__cause__ or error.__context__
     return error
-
-
-def named_by_user(hydra_cfg: DictConfig, node: str) -> bool:
-    """``hydra.<node>.dir`` was set on the command line (or by aiayn-sweep for its trial): a folder that
-    this command did not reserve (:mod:`aiayn.config.naming`) and never removes."""
-    return any(o.startswith(f"hydra.{node}.dir=") for o in hydra_cfg.overrides.hydra) or (
-        node == "run" and bool(os.environ.get(RUN_DIR_ENV))
-    )
-
-
-def dashboard_group(cfg: DictConfig) -> str | None:
-    """A sweep's trials share ``sweep/<its folder>``; the jobs of one multirun ``multirun/<its start time>``."""
-    if cfg.sweep_dir:
-        return f"sweep/{Path(cfg.sweep_dir).name}"
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
-        return f"multirun/{Path(HydraConfig.get().sweep.dir).name}"
-    return None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """The configuration layer: composing Hydra configs (:mod:`.compose`), naming runs and their folders
-(:mod:`.naming`), checking a whole config before any work (:mod:`.preflight`) and building a run's
-pieces from it (:mod:`.build`). It knows every layer below (model, data, training, evaluation); the
-experiments and the console scripts above use it."""
+(:mod:`.naming`, :mod:`.run_folder`), checking what spans a config's parts before any work
+(:mod:`.preflight`), and planning a run (:mod:`.plan`): the typed settings of every part, built and
+checked once, from the pieces :mod:`.build` makes. It knows every layer below (model, data, training,
+export, evaluation); the experiments and the console scripts above use it."""

@@ -1,6 +1,7 @@
-"""A composed config → the pieces of a run: the model's and the module's arguments, decoding options,
-the data module, the trainer's arguments and the loggers; and the translation of the model layer's
-:class:`~aiayn.errors.FieldError` into the :class:`~aiayn.errors.ConfigError` that names the key."""
+"""A config section → the object it describes, checked: the model, decoding and optimizer settings, the
+trainer's arguments, the loggers; and the translation of a lower layer's :class:`~aiayn.errors.FieldError`
+into the :class:`~aiayn.errors.ConfigError` that names the key. A training run's sections are put
+together once, by :func:`aiayn.config.plan.plan_run`."""
 
 from __future__ import annotations
 
@@ -9,18 +10,20 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
-from pytorch_lightning.loggers import Logger
 
 from aiayn.config.naming import RunIdentity
-from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.data.tokenizer import PAD_ID
 from aiayn.errors import ConfigError, DataError, FieldError
 from aiayn.model import DecodingOptions, TransformerConfig
-from aiayn.training.loggers import RunCSVLogger
+from aiayn.training.schedule import OptimSettings
+
+if TYPE_CHECKING:
+    from pytorch_lightning.loggers import Logger
 
 # TransformerConfig's fields that a config sets outside ``model``: the vocabulary is the corpus's.
 MODEL_FIELD_KEYS = {"vocab_size": "data.vocab_size"}
@@ -39,12 +42,6 @@ def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator
     except FieldError as error:
         allowed = _FIELD.sub(lambda m: keys.get(m.group(1), f"{section}.{m.group(1)}") + "=", error.allowed)
         raise ConfigError(keys.get(error.field, f"{section}.{error.field}"), error.value, allowed) from None
-
-
-def called_with(section: str, function: Callable[..., Any], settings: Mapping[str, Any]) -> None:
-    """``function(**settings)``, after :func:`check_known`."""
-    check_known(section, settings, *inspect.signature(function).parameters)
-    function(**settings)
 
 
 def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:
@@ -67,18 +64,13 @@ def parameters(target: Callable[..., Any]) -> list[str]:
     return names
 
 
-def model_config(cfg: DictConfig) -> dict[str, Any]:
-    """The fields of :class:`~aiayn.model.TransformerConfig`: ``model.*`` (but ``model.compile``, which
-    says how to run the model, not what it is) plus the vocabulary of ``data``."""
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    model.pop("compile", None)
-    return {**model, "vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
-
-
 def transformer_config(cfg: DictConfig) -> TransformerConfig:
-    """The model ``cfg`` describes; a setting it does not have or a value it cannot take is a
-    :class:`ConfigError` naming its key."""
-    settings = model_config(cfg)
+    """The model ``cfg`` describes: ``model.*`` (but ``model.compile``, which says how to run the model,
+    not what it is) and the vocabulary of ``data``; a setting it does not have or a value it cannot take
+    is a :class:`ConfigError` naming its key."""
+    settings = OmegaConf.to_container(cfg.model, resolve=True)
+    settings.pop("compile", None)
+    settings |= {"vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
     check_known("model", settings, *parameters(TransformerConfig))
     with config_keys("model", MODEL_FIELD_KEYS):
         return TransformerConfig(**settings)
@@ -92,23 +84,19 @@ def decoding_options(decoding: DictConfig | Mapping[str, Any]) -> DecodingOption
         return DecodingOptions(**settings)
 
 
+def optim_settings(optim: DictConfig) -> OptimSettings:
+    """The ``optim`` section as :class:`~aiayn.training.schedule.OptimSettings`, checked (``optim.<field>=...``)."""
+    settings = OmegaConf.to_container(optim, resolve=True)
+    check_known("optim", settings, *parameters(OptimSettings))
+    with config_keys("optim"):
+        return OptimSettings(**settings)
+
+
 def compile_flag(value: Any) -> bool:
     """``model.compile``, which must be true or false (a string such as "no" is not taken for true)."""
     if not isinstance(value, bool):
         raise ConfigError("model.compile", value, "must be true or false")
     return value
-
-
-def module_kwargs(cfg: DictConfig) -> dict[str, Any]:
-    """Arguments of :class:`~aiayn.training.module.TranslationModule` from ``model``, ``optim`` and ``decoding``."""
-    return {
-        "model": model_config(cfg),
-        "compile": compile_flag(cfg.model.get("compile", False)),
-        "bos_id": BOS_ID,
-        "eos_id": EOS_ID,
-        **OmegaConf.to_container(cfg.optim, resolve=True),
-        "decoding": decoding_options(cfg.decoding).to_dict(),
-    }
 
 
 def instantiated(spec: DictConfig, **kwargs: Any) -> Any:
@@ -131,6 +119,8 @@ def trainer_options(trainer: DictConfig) -> dict[str, Any]:
 
 def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) -> list[Logger]:
     """The CSV logger (``<run_dir>/csv/metrics.csv``) and the loggers of the ``logger`` config group."""
+    from aiayn.training.loggers.csv_logger import RunCSVLogger  # Lightning: only a training run builds loggers
+
     loggers: list[Logger] = [RunCSVLogger(str(run_dir), name="csv", version="")]
     for key, spec in logger_cfg.items():
         extra: dict[str, Any] = {"save_dir": str(run_dir)}

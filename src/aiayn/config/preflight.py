@@ -1,12 +1,11 @@
 """Checks of a composed training config that span its parts or need the machine, made before any work.
 
-Each part checks its own settings where it is built, and only there (:class:`~aiayn.model.TransformerConfig`
-and :class:`~aiayn.model.DecodingOptions`, the optimizer's, the data modules' sizes, counts and sources);
-:func:`check_run_config` calls the checks of the model, optimizer and decoding, and adds what no part
-can see alone: unset or unresolvable values, settings that do not exist, sentence lengths against the
-model's positions, the devices against what the machine has, and the step, precision and checkpoint
-settings. Every failure is a :class:`~aiayn.errors.ConfigError`; the data module's own checks follow
-when the run builds it, still before any work.
+Each part checks its own settings where it is built, and only there (:class:`~aiayn.model.TransformerConfig`,
+:class:`~aiayn.model.DecodingOptions`, :class:`~aiayn.training.schedule.OptimSettings`, the data
+modules' sizes, counts and sources), once, in :func:`aiayn.config.plan.plan_run`. What no part can see
+alone is checked here: unset or unresolvable values, settings that do not exist, sentence lengths
+against the model's positions, the devices against what the machine has, the step, precision and
+checkpoint settings, and what a multirun cannot do. Every failure is a :class:`~aiayn.errors.ConfigError`.
 """
 
 from __future__ import annotations
@@ -21,31 +20,18 @@ from lightning_fabric.plugins.precision.precision import _PRECISION_INPUT
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from aiayn.config.build import (
-    called_with,
-    check_known,
-    compile_flag,
-    decoding_options,
-    parameters,
-    transformer_config,
-)
+from aiayn.config.build import check_known, parameters
 from aiayn.errors import ConfigError, is_number, whole
 from aiayn.machine import available_cpus
 from aiayn.training.metrics import EVALUATION_METRICS
-from aiayn.training.module import check_optimization
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
 
 
 def check_run_config(cfg: DictConfig) -> None:
-    """Raise :class:`~aiayn.errors.ConfigError` for the first setting of ``cfg`` that cannot work."""
-    check_resolvable(cfg)
-    # The parts' own checks, before the run seeds its generators and draws the initial weights.
-    transformer_config(cfg)
-    compile_flag(cfg.model.get("compile", False))
-    called_with("optim", check_optimization, cfg.optim)
-    decoding_options(cfg.decoding)
+    """Raise :class:`~aiayn.errors.ConfigError` for the first setting of ``cfg`` (resolved: :func:`check_resolvable`)
+    that cannot work with the others or on this machine."""
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise ConfigError("seed", cfg.seed, "must be a whole number")
     if not whole(cfg.max_nonfinite_steps, 1):
@@ -57,6 +43,14 @@ def check_run_config(cfg: DictConfig) -> None:
     check_checkpointing(cfg.checkpoint)
     if cfg.resume is not None and not isinstance(cfg.resume, bool | str):
         raise ConfigError("resume", cfg.resume, "must be true (the latest run of this name), a checkpoint, or null")
+
+
+def check_multirun_resume(resume: Any, sweep_dir: str | None, multirun: bool) -> None:
+    """``resume=true`` picks the latest run of a name: one run, which the jobs of a multirun (``-m``) cannot
+    all continue (an aiayn-sweep's trials, under ``sweep_dir``, continue their own folders)."""
+    if multirun and resume is True and not sweep_dir:
+        allowed = "continues one run: drop -m (a multirun's jobs continue in their folders when it runs again "
+        raise ConfigError("resume", True, allowed + "with the same hydra.sweep.dir)")
 
 
 def check_resolvable(cfg: DictConfig) -> None:

@@ -1,6 +1,7 @@
-"""One training run, as a story: check the config → build the data, the module, the callbacks and the
-trainer → fit → validate and test the evaluated checkpoint (the best, or the final one), test the average
-of the newest → ``results.json``.
+"""One training run, as a recipe: plan it (every setting checked and built once, :mod:`aiayn.config.plan`)
+→ the callbacks, loggers, data, module and trainer → continue a checkpoint, or not → fit → validate and
+test the evaluated checkpoint (the best, or the final one), test the average of the newest →
+``results.json``.
 
 The composed config comes from Hydra (``aiayn-train``) or :func:`aiayn.config.compose.compose_run_config`.
 """
@@ -23,11 +24,11 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.config.build import build_loggers, instantiated, module_kwargs, trainer_options
-from aiayn.config.naming import run_identity
-from aiayn.config.preflight import check_run_config
+from aiayn.config.build import build_loggers
+from aiayn.config.plan import RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.experiments.resume import resume_from
+from aiayn.experiments.run_info import log_run_config
 from aiayn.files import atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
@@ -35,17 +36,12 @@ from aiayn.training.batching import batch_layout, configure_batching
 from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.preemption import Preemption
-from aiayn.training.callbacks.progress import progress_callbacks, progress_style
+from aiayn.training.callbacks.progress import progress_callbacks
 from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpoints
-from aiayn.training.callbacks.samples import ValidationSamples
 from aiayn.training.callbacks.throughput import TokenThroughput
-from aiayn.training.checkpoints import (
-    RunCheckpointIO,
-    average_checkpoints,
-    save_checkpoint,
-    step_checkpoints,
-)
-from aiayn.training.loggers import finish_loggers, log_run_config
+from aiayn.training.checkpoint_io import RunCheckpointIO
+from aiayn.training.checkpoints import average_checkpoints, save_checkpoint, step_checkpoints
+from aiayn.training.loggers.finish import finish_loggers
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 
@@ -127,62 +123,77 @@ def train(
     start = time.perf_counter()
     with sole_writer(run_dir):
         # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
-        check_run_config(cfg)
-        progress = progress_style(cfg.progress)
-        datamodule = instantiated(cfg.data)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        run = run_callbacks(cfg, run_dir, resolved, overrides, progress)  # their settings are checked here
-        loggers = build_loggers(cfg.logger, run_dir, run_identity(cfg.name, overrides, group))
+        plan = plan_run(cfg, overrides, group)
+        run = run_callbacks(plan, run_dir)
+        loggers = build_loggers(plan.logger, run_dir, plan.identity)
         if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
-            datamodule.prepare_data()
-        pl.seed_everything(cfg.seed, workers=True)  # before the module: its initial weights are drawn
-        module = TranslationModule(**module_kwargs(cfg))
-        trainer = build_trainer(cfg.trainer, run_dir, progress, [*run.all(), *callbacks], loggers, module)
-        batching = configure_batching(trainer, cfg.tokens_per_step, cfg.data.max_tokens, cfg.checkpoint.every_steps)
-        own = overrides if group else None  # a multirun's job, a sweep's trial: its folder is its overrides'
-        resume = resume_from(cfg.resume, run_dir, resolved, datamodule.cache_folder(), batch_layout(trainer), own)
+            plan.data.prepare_data()
+        pl.seed_everything(plan.seed, workers=True)  # before the module: its initial weights are drawn
+        module = plan.module.build()
+        trainer = build_trainer(plan, run_dir, [*run.all(), *callbacks], loggers, module)
+        batching = configure_batching(trainer, plan.tokens_per_step, plan.data.max_tokens, plan.checkpoint.every_steps)
+        # The batch layout is the built trainer's (its world size), the tokenizer the prepared cache's.
+        resume = resume_from(
+            plan.resume, run_dir, plan.resolved, plan.data.cache_folder(), batch_layout(trainer), plan.own_overrides
+        )
         run_dir.mkdir(parents=True, exist_ok=True)
         if trainer.is_global_zero:
-            atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(resolved))
+            atomic_write(run_dir / "config.yaml", OmegaConf.to_yaml(plan.resolved))
         results = None
         try:
-            log_run_config(loggers, resolved, overrides, trainer, module.model, batching)
-            fit(trainer, module, datamodule, run.last, resume)
-            best = best_checkpoint(run)
-            evaluated = best if cfg.checkpoint.evaluate == "best" else run.last.path
-            val = validate_checkpoint(trainer, module, datamodule, evaluated)
-            test = test_checkpoint(trainer, module, datamodule, evaluated, run_dir)
-            averaged = test_averaged(trainer, module, datamodule, run_dir, cfg.checkpoint.average_last)
-            results = RunResults(
-                params=count_parameters(module.model),
-                val_bleu=val["val/bleu"],
-                val_ppl=val["val/ppl"],
-                val_loss=val["val/loss"],
-                best_val_bleu=best_score(run.best),
-                decoding=module.decoding.to_dict(),
-                steps=trainer.global_step,
-                epochs=trainer.current_epoch,
-                train_tokens=run.throughput.all_tokens,
-                train_tokens_per_s=run.throughput.tokens_per_s,
-                evaluated=cfg.checkpoint.evaluate,
-                evaluated_checkpoint=in_run(evaluated, run_dir),
-                best_checkpoint=in_run(best, run_dir),
-                resumed_from=str(resume) if resume else None,
-                batch=batching,
-                data=datamodule.filtered,
-                data_cache=datamodule.cache_folder().name,
-                skipped_steps=run.guard.skipped,
-                overflow_steps=run.guard.overflows,
-                wall_s=time.perf_counter() - start,
-                overrides=list(overrides),
-                test=test,
-                averaged=averaged,
-            ).to_dict()
+            log_run_config(loggers, plan.resolved, plan.overrides, trainer, module.model, batching)
+            fit(trainer, module, plan.data, run.last, resume)
+            results = collect_results(plan, trainer, module, run, run_dir, resume, batching, start)
             if trainer.is_global_zero:
                 atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
         finally:
             finish_loggers(loggers, failed=results is None, summary=results)
         return results
+
+
+def collect_results(
+    plan: RunPlan,
+    trainer: pl.Trainer,
+    module: TranslationModule,
+    run: RunCallbacks,
+    run_dir: Path,
+    resume: Path | None,
+    batching: dict[str, Any],
+    start: float,
+) -> dict[str, Any]:
+    """Validate and test the evaluated checkpoint (the best, or the final one), test the average of the
+    newest, and gather what the run reports (:class:`RunResults`)."""
+    data = plan.data
+    best = best_checkpoint(run)
+    evaluated = best if plan.checkpoint.evaluate == "best" else run.last.path
+    val = validate_checkpoint(trainer, module, data, evaluated)
+    test = test_checkpoint(trainer, module, data, evaluated, run_dir)
+    averaged = test_averaged(trainer, module, data, run_dir, plan.checkpoint.average_last)
+    return RunResults(
+        params=count_parameters(module.model),
+        val_bleu=val["val/bleu"],
+        val_ppl=val["val/ppl"],
+        val_loss=val["val/loss"],
+        best_val_bleu=best_score(run.best),
+        decoding=module.decoding.to_dict(),
+        steps=trainer.global_step,
+        epochs=trainer.current_epoch,
+        train_tokens=run.throughput.all_tokens,
+        train_tokens_per_s=run.throughput.tokens_per_s,
+        evaluated=plan.checkpoint.evaluate,
+        evaluated_checkpoint=in_run(evaluated, run_dir),
+        best_checkpoint=in_run(best, run_dir),
+        resumed_from=str(resume) if resume else None,
+        batch=batching,
+        data=data.filtered,
+        data_cache=data.cache_folder().name,
+        skipped_steps=run.guard.skipped,
+        overflow_steps=run.guard.overflows,
+        wall_s=time.perf_counter() - start,
+        overrides=plan.overrides,
+        test=test,
+        averaged=averaged,
+    ).to_dict()
 
 
 def best_checkpoint(run: RunCallbacks) -> Path:
@@ -209,46 +220,36 @@ def sole_writer(run_dir: Path) -> AbstractContextManager[None]:
     return run_folder_held(run_dir) if rank_zero_only.rank == 0 else nullcontext()
 
 
-def run_callbacks(
-    cfg: DictConfig, run_dir: Path, resolved: dict[str, Any], overrides: Sequence[str], progress: str
-) -> RunCallbacks:
-    """The callbacks of a run as ``cfg`` sets them, the user's ``callbacks`` entries among the others."""
-    best, last, steps = validation_checkpoints(
-        run_dir / "checkpoints", cfg.checkpoint.monitor, cfg.checkpoint.mode, cfg.checkpoint.keep_last
-    )
+def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
+    """The callbacks of a run as its plan sets them, the config's ``callbacks`` entries among the others."""
+    policy = plan.checkpoint
+    best, last, steps = validation_checkpoints(run_dir / "checkpoints", policy.monitor, policy.mode, policy.keep_last)
     return RunCallbacks(
         best=best,
         last=last,
         steps=steps,
         preemption=Preemption(last),
-        guard=NonFiniteGuard(cfg.max_nonfinite_steps, last.path),
-        throughput=TokenThroughput(peak_tflops=cfg.peak_tflops),
+        guard=NonFiniteGuard(plan.max_nonfinite_steps, last.path),
+        throughput=TokenThroughput(peak_tflops=plan.peak_tflops),
         others=[
             FinalStepValidation(),
-            SelfContainedCheckpoints(resolved, overrides),
+            SelfContainedCheckpoints(plan.resolved, plan.overrides),
             RandomState(),
-            ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every),
-            *progress_callbacks(progress),
-            *(instantiate(callback) for callback in cfg.callbacks),
+            plan.samples,
+            *progress_callbacks(plan.progress),
+            *(instantiate(callback) for callback in plan.callbacks),
         ],
     )
 
 
 def build_trainer(
-    trainer: DictConfig,
-    run_dir: Path,
-    progress: str,
-    callbacks: list[pl.Callback],
-    loggers: list[Logger],
-    module: TranslationModule,
+    plan: RunPlan, run_dir: Path, callbacks: list[pl.Callback], loggers: list[Logger], module: TranslationModule
 ) -> pl.Trainer:
-    """Lightning's Trainer with the ``trainer`` section's arguments. Its checkpoints go through
-    :class:`~aiayn.training.checkpoints.RunCheckpointIO`: written atomically (unless the user brings
+    """Lightning's Trainer with the plan's arguments. Its checkpoints go through
+    :class:`~aiayn.training.checkpoint_io.RunCheckpointIO`: written atomically (unless the user brings
     their own checkpoint input/output, for cloud storage ...), checked against ``module`` and this run
     before anything is restored, deleted only inside ``run_dir/checkpoints``."""
-    options = trainer_options(trainer)
-    options.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
-    options.setdefault("enable_model_summary", progress != "quiet")
+    options = dict(plan.trainer)
     plugins = list(options.pop("plugins", None) or [])
     own = [plugin for plugin in plugins if isinstance(plugin, CheckpointIO)]
     folder = run_dir / "checkpoints"
@@ -289,9 +290,7 @@ def test_checkpoint(
     """``checkpoint``'s test scores (``test.hyp.txt`` holds its translations); none without a test split."""
     if "test" not in datamodule.roles:
         return {}
-    ckpt_path = str(checkpoint)
-    test = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False, weights_only=True)[0]
-    scores = test_scores(trainer, module, datamodule, run_dir / "test.hyp.txt")
+    test, scores = test_and_score(trainer, module, datamodule, checkpoint, run_dir / "test.hyp.txt")
     return {
         "test_bleu": scores["sacrebleu"],
         "test_chrf": scores["chrf"],
@@ -314,8 +313,7 @@ def test_averaged(
     if trainer.is_global_zero:
         save_checkpoint(average_checkpoints(sources), averaged)
     trainer.strategy.barrier("averaged checkpoint written")
-    trainer.test(module, datamodule=datamodule, ckpt_path=str(averaged), verbose=False, weights_only=True)
-    scores = test_scores(trainer, module, datamodule, run_dir / "test.averaged.hyp.txt")
+    _, scores = test_and_score(trainer, module, datamodule, averaged, run_dir / "test.averaged.hyp.txt")
     return {
         "test_bleu_averaged": scores["sacrebleu"],
         "test_chrf_averaged": scores["chrf"],
@@ -323,11 +321,13 @@ def test_averaged(
     }
 
 
-def test_scores(
-    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, output: Path
-) -> dict[str, Any]:
-    """Corpus scores of the test hypotheses just made; rank 0 writes them to ``output`` in corpus order
-    (every rank has all hypotheses and scores)."""
+def test_and_score(
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, checkpoint: Path, output: Path
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Test ``checkpoint``: the metrics it logs and the corpus scores of its translations, which rank 0
+    writes to ``output`` in corpus order (every rank has all hypotheses and scores)."""
+    ckpt_path = str(checkpoint)
+    test = trainer.test(module, datamodule=datamodule, ckpt_path=ckpt_path, verbose=False, weights_only=True)[0]
     references = datamodule.references["test"]
     missing = len(references) - len(module.test_hypotheses)
     if missing:
@@ -335,4 +335,4 @@ def test_scores(
     ordered = [module.test_hypotheses[i] for i in range(len(references))]
     if trainer.is_global_zero:
         atomic_write(output, "".join(line + "\n" for line in ordered))
-    return corpus_scores(ordered, references)
+    return test, corpus_scores(ordered, references)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import pytorch_lightning as pl
@@ -10,12 +10,11 @@ import torch
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.errors import ConfigError, is_number, whole
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig, translate_ids
+from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, TransformerConfig, translate_ids
 from aiayn.scoring import BLEU_SETTINGS
 from aiayn.training.distributed import gathered_from_ranks
 from aiayn.training.loss import label_smoothed_cross_entropy
-from aiayn.training.schedule import NoamSchedule
+from aiayn.training.schedule import PAPER_OPTIM, NoamSchedule, OptimSettings
 
 # What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
 # its perplexity (Table 3) and sacreBLEU.
@@ -24,33 +23,29 @@ from aiayn.training.schedule import NoamSchedule
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
 
-    ``model`` holds the fields of :class:`~aiayn.model.TransformerConfig`. The optimizer is Adam with
-    the paper's β1, β2, ε (§5.3); its learning rate follows :class:`~aiayn.training.schedule.NoamSchedule`,
-    stepped once per optimizer step. Validation and test translate by beam search with the fields of
-    :class:`~aiayn.model.DecodingOptions` in ``decoding`` (§6.1; the paper's when not given). ``compile``
-    runs the model's forward through ``torch.compile`` (beam search calls it eagerly). Both arguments are
-    plain data, so that the checkpoint's hyperparameters load with ``weights_only=True``.
+    The model is the one ``model`` describes. The optimizer is Adam with ``optim``'s β1, β2, ε (§5.3);
+    its learning rate follows :class:`~aiayn.training.schedule.NoamSchedule`, stepped once per optimizer
+    step. Validation and test translate by beam search with ``decoding`` (§6.1). ``compile`` runs the
+    model's forward through ``torch.compile`` (beam search calls it eagerly). Each settings object is
+    checked where it is made; the checkpoint's hyperparameters hold them as plain data, so that they
+    load with ``weights_only=True``.
     """
 
     def __init__(
         self,
-        model: dict[str, Any],
+        model: TransformerConfig,
         bos_id: int,
         eos_id: int,
-        label_smoothing: float = 0.1,
-        betas: tuple[float, float] = (0.9, 0.98),
-        eps: float = 1e-9,
-        warmup: int = 4000,
-        lr_scale: float = 1.0,
-        decoding: Mapping[str, Any] | None = None,
+        optim: OptimSettings = PAPER_OPTIM,
+        decoding: DecodingOptions = PAPER_DECODING,
         compile: bool = False,
     ) -> None:
         super().__init__()
-        check_optimization(label_smoothing, betas, eps, warmup, lr_scale)
-        self.decoding = DecodingOptions(**(decoding or {}))
-        # The loggers get the whole composed config from the run (aiayn.training.loggers), not these arguments.
-        self.save_hyperparameters(logger=False)
-        self.model = Transformer(TransformerConfig(**model))
+        self.optim, self.decoding = optim, decoding
+        # The loggers get the whole composed config from the run (aiayn.training.loggers), not these.
+        hyperparameters = {"model": model.to_dict(), "bos_id": bos_id, "eos_id": eos_id, **optim.to_dict()}
+        self.save_hyperparameters({**hyperparameters, "decoding": decoding.to_dict(), "compile": compile}, logger=False)
+        self.model = Transformer(model)
         if compile:
             self.model.compile()  # in place: parameter names (and checkpoints) stay those of eager mode
         self.pad_id = self.model.cfg.pad_id
@@ -83,7 +78,7 @@ class TranslationModule(pl.LightningModule):
         computes before the backward pass (the benchmarks' bare loops call it too)."""
         logits = self.model(batch["src"], batch["tgt_in"])
         n_tokens = int(batch["lengths"][:, 1].sum())  # the collator's count, on the CPU
-        return self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing, n_tokens)
+        return self.loss(logits, batch["tgt_out"], self.optim.label_smoothing, n_tokens)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.training_loss(batch)
@@ -104,7 +99,7 @@ class TranslationModule(pl.LightningModule):
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         logits = self.model(batch["src"], batch["tgt_in"])
         nll, n_tokens = self.loss(logits, batch["tgt_out"], 0.0)
-        smoothed, _ = self.loss(logits, batch["tgt_out"], self.hparams.label_smoothing)
+        smoothed, _ = self.loss(logits, batch["tgt_out"], self.optim.label_smoothing)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
         hypotheses = translate_ids(self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, self.decoding)
@@ -159,7 +154,7 @@ class TranslationModule(pl.LightningModule):
             state["_last_lr"] = [base * schedule(state.get("last_epoch", 0)) for base in state.get("base_lrs", [])]
             for optimizer in checkpoint.get("optimizer_states", []):
                 for group, lr in zip(optimizer.get("param_groups", []), state["_last_lr"], strict=False):
-                    group.update(betas=tuple(self.hparams.betas), eps=self.hparams.eps, lr=lr)
+                    group.update(betas=self.optim.betas, eps=self.optim.eps, lr=lr)
 
     def _fused_adam(self) -> bool:
         """Whether Adam may use its fused kernel, one pass over all tensors (CPU and CUDA) instead of
@@ -176,33 +171,12 @@ class TranslationModule(pl.LightningModule):
 
     def schedule(self) -> NoamSchedule:
         """This run's learning rate by step (eq. 3, §5.3)."""
-        return NoamSchedule(self.model.cfg.d_model, self.hparams.warmup, self.hparams.lr_scale)
+        return NoamSchedule(self.model.cfg.d_model, self.optim.warmup, self.optim.lr_scale)
 
     def configure_optimizers(self) -> dict[str, Any]:
-        hp = self.hparams
         # lr=1.0: the schedule's value is the learning rate itself (eq. 3).
         optimizer = torch.optim.Adam(
-            self.parameters(), lr=1.0, betas=tuple(hp.betas), eps=hp.eps, fused=self._fused_adam()
+            self.parameters(), lr=1.0, betas=self.optim.betas, eps=self.optim.eps, fused=self._fused_adam()
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def check_optimization(
-    label_smoothing: float, betas: Sequence[float], eps: float, warmup: int, lr_scale: float
-) -> None:
-    """Fail before any work on ``optim.*`` values that label smoothing (§5.4), Adam or eq. 3 (§5.3) cannot use."""
-    if not is_number(label_smoothing) or not 0.0 <= label_smoothing < 1.0:
-        raise ConfigError("optim.label_smoothing", label_smoothing, "must lie in [0, 1) (the paper uses 0.1)")
-    if isinstance(betas, str) or len(betas) != 2 or not all(is_number(b) and 0.0 <= b < 1.0 for b in betas):
-        raise ConfigError(
-            "optim.betas",
-            list(betas) if not isinstance(betas, str) else betas,
-            "must be two numbers in [0, 1) (the paper uses [0.9, 0.98])",
-        )
-    if not is_number(eps) or eps <= 0:
-        raise ConfigError("optim.eps", eps, "must be a number > 0 (the paper uses 1e-9)")
-    if not whole(warmup, 1):
-        raise ConfigError("optim.warmup", warmup, "must be a whole number of steps >= 1 (the paper uses 4000)")
-    if not is_number(lr_scale) or lr_scale <= 0:
-        raise ConfigError("optim.lr_scale", lr_scale, "must be a number > 0 (1.0: eq. 3 as written)")

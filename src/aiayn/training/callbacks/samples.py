@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pytorch_lightning.loggers import TensorBoardLogger, WandbLogger
 
 from aiayn.data.dataset import Collator
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import FieldError, whole
 from aiayn.model import translate_ids
 
 SAMPLE_COLUMNS = ["source", "reference", "hypothesis"]
@@ -33,9 +33,9 @@ class ValidationSamples(pl.Callback):
     """
 
     def __init__(self, n_samples: int = 8, attention_every: int = 1) -> None:
-        for key, value in (("dashboard.samples", n_samples), ("dashboard.attention_every", attention_every)):
+        for key, value in (("n_samples", n_samples), ("attention_every", attention_every)):
             if not whole(value, 0):
-                raise ConfigError(key, value, "must be a whole number >= 0")
+                raise FieldError(key, value, "must be a whole number >= 0")
         self.n_samples = n_samples
         self.attention_every = attention_every
         self.validations = 0
