@@ -10,6 +10,7 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -39,9 +40,23 @@ def contents(folder: Path) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def clean(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    """Every file of a cache built once, from nothing."""
-    return contents(built(corpus_root, tmp_path_factory.mktemp("clean")).cache_folder())
+def clean_cache(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of a cache built once, from nothing (``<cache_dir>/tokenized/<entry>``)."""
+    return built(corpus_root, tmp_path_factory.mktemp("clean")).cache_folder()
+
+
+@pytest.fixture(scope="module")
+def clean(clean_cache: Path) -> dict[str, bytes]:
+    """Every file of the clean cache."""
+    return contents(clean_cache)
+
+
+def copied(clean_cache: Path, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the clean cache (its files' times kept) as ``tmp_path/cache``, and its folder there. A
+    build from nothing gives the same bytes: the concurrent builders' test shows it."""
+    cache_dir = clean_cache.parents[1]
+    shutil.copytree(cache_dir, tmp_path / "cache")
+    return tmp_path / "cache", tmp_path / "cache" / clean_cache.relative_to(cache_dir)
 
 
 def truncated(path: Path) -> None:
@@ -70,6 +85,7 @@ DAMAGES: list[tuple[str, Callable[[Path], None], str, str]] = [
 def test_a_damaged_entry_is_reported_once_and_rebuilt_as_a_clean_build(
     corpus_root: Path,
     tmp_path: Path,
+    clean_cache: Path,
     clean: dict[str, bytes],
     caplog: pytest.LogCaptureFixture,
     name: str,
@@ -77,11 +93,11 @@ def test_a_damaged_entry_is_reported_once_and_rebuilt_as_a_clean_build(
     entry: str,
     reason: str,
 ) -> None:
-    folder = built(corpus_root, tmp_path).cache_folder()
-    assert contents(folder) == clean  # the same bytes, wherever and by whom the cache is built
+    cache_dir, folder = copied(clean_cache, tmp_path)
     damage(folder / name)
     with caplog.at_level(logging.WARNING, logger="aiayn.data.cache"):
-        dm = built(corpus_root, tmp_path)
+        dm = built(corpus_root, cache_dir)
+    assert dm.cache_folder() == folder
     warnings = [record.getMessage() for record in caplog.records if record.name == "aiayn.data.cache"]
     assert len(warnings) == 1, warnings
     assert warnings[0].startswith(f"cache entry {folder / entry} is damaged (") and warnings[0].endswith(
@@ -92,13 +108,15 @@ def test_a_damaged_entry_is_reported_once_and_rebuilt_as_a_clean_build(
     assert len(dm.datasets["train"]) == 500 and len(dm.references["test"]) == 100
 
 
-def test_a_whole_cache_is_loaded_as_it_is(corpus_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    folder = built(corpus_root, tmp_path).cache_folder()
+def test_a_whole_cache_is_loaded_as_it_is(
+    corpus_root: Path, tmp_path: Path, clean_cache: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache_dir, folder = copied(clean_cache, tmp_path)
     stamps = {path.name: path.stat().st_mtime_ns for path in folder.iterdir()}
     entries = ["spm.model", *(f"{split}.{lang}" for split in ("train", "val", "test") for lang in ("en", "de"))]
     assert sorted(path.name for path in folder.glob("*.manifest.json")) == sorted(f"{e}.manifest.json" for e in entries)
     with caplog.at_level(logging.WARNING, logger="aiayn.data.cache"):
-        again = built(corpus_root, tmp_path)
+        again = built(corpus_root, cache_dir)
     assert not [record for record in caplog.records if record.name == "aiayn.data.cache"]
     assert {path.name: path.stat().st_mtime_ns for path in folder.iterdir()} == stamps  # nothing built again
     assert np.array_equal(again.datasets["train"].src.tokens, np.load(folder / "train.en.tokens.npy"))
@@ -134,9 +152,9 @@ def _encode_and_wait(stem: Path, started: multiprocessing.synchronize.Event) -> 
 
 
 def test_a_killed_encoders_token_file_is_removed_by_the_next_build_and_a_living_ones_kept(
-    corpus_root: Path, tmp_path: Path, clean: dict[str, bytes]
+    corpus_root: Path, tmp_path: Path, clean_cache: Path, clean: dict[str, bytes]
 ) -> None:
-    folder = built(corpus_root, tmp_path).cache_folder()
+    cache_dir, folder = copied(clean_cache, tmp_path)
     context = multiprocessing.get_context("fork")
     encoders = []
     for _ in range(2):
@@ -152,7 +170,7 @@ def test_a_killed_encoders_token_file_is_removed_by_the_next_build_and_a_living_
         killed.join(timeout=60)
         assert (folder / temporary[killed.pid][0]).stat().st_size > 0  # what a kill leaves behind
         (folder / "train.en.manifest.json").unlink()  # the next run encodes the split again
-        built(corpus_root, tmp_path)
+        built(corpus_root, cache_dir)
         assert contents(folder) == {**clean, temporary[living.pid][0]: (folder / temporary[living.pid][0]).read_bytes()}
     finally:
         for process in encoders:

@@ -9,13 +9,14 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 
-from aiayn.config.build import module_kwargs, trainer_options
+from aiayn.config.build import trainer_options, transformer_config
 from aiayn.config.compose import compose_config, config_dir
+from aiayn.config.plan import module_settings
 from aiayn.config.preflight import check_checkpointing
 from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
-from aiayn.model import Transformer, TransformerConfig
-from aiayn.training.module import TranslationModule
+from aiayn.model import Transformer
+from helpers.compose import composed_run
 
 CONF = Path(config_dir())
 
@@ -40,7 +41,7 @@ def test_every_required_option_exists() -> None:
 @pytest.mark.parametrize("option", options("model"))
 def test_model_options_build_a_transformer(option: str) -> None:
     cfg = compose_config("train", [f"model={option}", "data.vocab_size=1000"])
-    model_cfg = TransformerConfig(**module_kwargs(cfg)["model"])
+    model_cfg = transformer_config(cfg)
     assert model_cfg.d_model == cfg.model.d_model and model_cfg.vocab_size == 1000
     with torch.device("meta"):  # shapes without memory: big has 200M parameters
         model = Transformer(model_cfg)
@@ -66,11 +67,16 @@ def test_data_options_instantiate_a_datamodule(option: str, tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("option", options("experiment"))
-def test_experiments_compose_and_instantiate(option: str, tmp_path: Path) -> None:
-    cfg = compose_config("train", [f"experiment={option}", f"data.cache_dir={tmp_path}"])
-    TranslationModule(**module_kwargs(cfg))
+def test_experiments_compose_and_instantiate(option: str) -> None:
+    cfg = composed_run([f"experiment={option}"])  # as aiayn-train's job sees it; test_layout reads the same
+    with torch.device("meta"):  # the module's shapes, without initialising up to 213M parameters
+        module = module_settings(cfg).build()
+    assert (module.model.cfg.d_model, module.model.cfg.n_layers) == (cfg.model.d_model, cfg.model.n_layers)
+    assert module.model.cfg.vocab_size == cfg.data.vocab_size
     assert isinstance(instantiate(cfg.data), TranslationDataModule)
-    pl.Trainer(**trainer_options(cfg.trainer), logger=False, enable_checkpointing=False)
+    trainer = pl.Trainer(**trainer_options(cfg.trainer), logger=False, enable_checkpointing=False)
+    assert trainer.max_steps == cfg.trainer.max_steps
+    assert trainer.accumulate_grad_batches == cfg.trainer.accumulate_grad_batches
 
 
 def test_defaults_are_the_tuned_cpu_run() -> None:
@@ -84,7 +90,7 @@ def test_defaults_are_the_tuned_cpu_run() -> None:
 @pytest.mark.parametrize(("option", "beam_size"), [("paper", 4), ("greedy", 1)])
 def test_decoding_options_reach_the_module(option: str, beam_size: int) -> None:
     cfg = compose_config("train", [f"decoding={option}", "model=tiny", "data.vocab_size=1000"])
-    module = TranslationModule(**module_kwargs(cfg))
+    module = module_settings(cfg).build()
     assert module.decoding.beam_size == beam_size and module.decoding.max_len_offset == 50
     for tool in ("eval", "translate"):  # the other tools compose the same group
         assert compose_config(tool, [f"decoding={option}", "checkpoint=x.ckpt"]).decoding.beam_size == beam_size
@@ -101,7 +107,7 @@ def test_decoding_options_reach_the_module(option: str, beam_size: int) -> None:
 def test_bad_decoding_options_fail_when_the_module_is_built(override: str, message: str) -> None:
     cfg = compose_config("train", [override, "model=tiny", "data.vocab_size=1000"])
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        TranslationModule(**module_kwargs(cfg))
+        module_settings(cfg).build()
 
 
 @pytest.mark.parametrize(

@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import DictConfig
 
+from aiayn.cli import summary as summary_cli
 from aiayn.cli.summary import summarize
-from aiayn.config.compose import compose_config, compose_run_config, config_dir
+from aiayn.config.compose import config_dir
+from aiayn.experiments import table3
 from aiayn.experiments.table3 import COLUMNS, PAPER, ROWS, columns_of, family_rows
+from helpers.compose import composed, composed_run
 
 EXPERIMENTS = Path(config_dir()) / "experiment"
 
@@ -29,8 +31,8 @@ def test_every_row_is_an_experiment_and_nothing_else_is(family: str) -> None:
 
 @pytest.mark.parametrize("row", ROWS)
 def test_mini_rows_change_what_the_paper_rows_change(row: str) -> None:
-    paper, paper_base = (compose_run_config([f"experiment=table3/{r}"]) for r in (row, "base"))
-    mini, mini_base = (compose_run_config([f"experiment=mini/{r}"]) for r in (row, "base"))
+    paper, paper_base = (composed_run([f"experiment=table3/{r}"]) for r in (row, "base"))
+    mini, mini_base = (composed_run([f"experiment=mini/{r}"]) for r in (row, "base"))
     assert paper.name == f"table3_{row}" and mini.name == f"mini_{row}"
     assert paper.data._target_.endswith("WMT14DataModule") and paper.data.vocab_size == 37000
     assert mini.data._target_.endswith("Multi30kDataModule") and mini.trainer.max_time is None
@@ -58,23 +60,27 @@ TOLERANCE = {"C1": 0.07}
 
 @pytest.mark.parametrize("row", ROWS)
 def test_parameter_counts_match_the_paper_within_5_percent(row: str) -> None:
-    summary = summarize(compose_config("summary", [f"experiment=table3/{row}"]))
+    summary = summarize(composed("summary", [f"experiment=table3/{row}"]))
     paper = PAPER[row].params_millions or PAPER["base"].params_millions  # blank: as base
     assert summary["model"]["vocab_size"] == 37000
     assert summary["params"] / 1e6 == pytest.approx(paper, rel=TOLERANCE.get(row, 0.05))
 
 
-def test_aiayn_summary_prints_a_row_s_parameters() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "aiayn.cli.summary", "experiment=table3/C5"], capture_output=True, text=True, check=True
-    )
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+def test_aiayn_summary_prints_a_row_s_parameters(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    """In this process: test_parameter_counts runs the console script itself."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["aiayn-summary", "experiment=table3/C5"])
+    summary_cli.main()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["params"] / 1e6 == pytest.approx(168, rel=0.05) and summary["model"]["d_model"] == 1024
 
 
 @pytest.mark.parametrize("family", ["table3", "mini"])
-def test_each_row_is_recognised_by_its_columns(family: str) -> None:
+def test_each_row_is_recognised_by_its_columns(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(table3, "compose_run_config", composed_run)  # the rows the tests above composed
     rows = family_rows(family)
     assert sorted(rows.values()) == sorted(ROWS)  # no two rows alike
-    learned = compose_run_config([f"experiment={family}/base", "model.positional=learned"])
+    learned = composed_run([f"experiment={family}/base", "model.positional=learned"])
     assert rows[columns_of(learned)] == "E"
