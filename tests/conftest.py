@@ -1,10 +1,12 @@
 """Shared fixtures: the corpora (a small generated one in tests/assets for the fast tests, Multi30k beside
-the repository for the slow end-to-end ones), one tokenizer cache per session, W&B offline."""
+the repository for the slow end-to-end ones), one tokenizer cache per session, the session's shared runs
+(built once even when pytest-xdist runs the suite in several workers), W&B offline."""
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,26 @@ def multi30k_root() -> Path:
     return root
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """The folder ``name`` of this test session, made by ``build(folder)`` once: the first pytest-xdist
+    worker to ask builds it while the others wait for it (under a lock), then all read it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            folder.mkdir(exist_ok=True)
+            build(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("aiayn-cache")
+    """The session's data cache, shared by the workers: the cache is safe for concurrent builders."""
+    return built_once(tmp_path_factory, "aiayn-cache", lambda folder: None)
 
 
 @pytest.fixture(scope="session")
@@ -40,34 +59,52 @@ def smoke_run_dir(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.T
     test.hyp.txt decoded greedily, at most 3 tokens past the source: an untrained model's translations
     run to the length limit), for the tests that read a real run's files but not train one of their own.
     Read it, never write into it."""
-    from helpers.runs import smoke_run, train_in_process
+    from helpers.runs import SMOKE_RUN_EXTRA, smoke_run, train_in_process
 
-    run_dir = tmp_path_factory.mktemp("smoke") / "run"
-    from helpers.runs import SMOKE_RUN_EXTRA
+    def build(folder: Path) -> None:
+        argv = [*smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA), f"hydra.run.dir={folder / 'run'}"]
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            assert train_in_process(argv, monkeypatch) == 0
 
-    argv = [*smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA), f"hydra.run.dir={run_dir}"]
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        assert train_in_process(argv, monkeypatch) == 0
-    return run_dir
+    return built_once(tmp_path_factory, "smoke", build) / "run"
+
+
+@pytest.fixture(scope="session")
+def reference_overrides(corpus_root: Path, cache_dir: Path) -> list[str]:
+    """The short run (12 steps, a checkpoint every 3) that the tests stop, kill and continue, and that
+    must then end as :func:`reference_run` ends."""
+    from helpers.runs import resumable_run
+
+    return resumable_run(corpus_root, cache_dir, "trainer.max_steps=12", "checkpoint.every_steps=3")
+
+
+@pytest.fixture(scope="session")
+def reference_run(reference_overrides: list[str], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The uninterrupted run of :func:`reference_overrides`, a real ``aiayn-train`` process as the runs
+    compared with it are, its batches recorded (``batches.rank0.jsonl``). Read it, never write into it."""
+    from helpers.batch_recorder import recorder
+    from helpers.processes import finish
+
+    def build(folder: Path) -> None:
+        finish(f"hydra.run.dir={folder / 'run'}", recorder(folder / "run"), *reference_overrides)
+
+    return built_once(tmp_path_factory, "reference", build) / "run"
 
 
 @pytest.fixture(scope="session")
 def smoke_restorer(smoke_run_dir: Path, corpus_root: Path, cache_dir: Path) -> Any:
     """The check (:class:`~aiayn.training.restored_state.RestoredState`) that a resume of the smoke run
     passes its checkpoints through, on a module and trainer built as ``aiayn-train`` builds them."""
-    from omegaconf import OmegaConf
-
-    from aiayn.config.build import module_kwargs
     from aiayn.config.compose import compose_run_config
+    from aiayn.config.plan import plan_run
     from aiayn.experiments.run import build_trainer, run_callbacks
-    from aiayn.training.module import TranslationModule
     from aiayn.training.restored_state import RestoredState
     from helpers.runs import SMOKE_RUN_EXTRA, smoke_run
 
-    cfg = compose_run_config(smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA))
-    module = TranslationModule(**module_kwargs(cfg))
-    callbacks = run_callbacks(cfg, smoke_run_dir, OmegaConf.to_container(cfg, resolve=True), [], "quiet")
-    module.trainer = build_trainer(cfg.trainer, smoke_run_dir, "quiet", callbacks.all(), [], module)
+    plan = plan_run(compose_run_config(smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA)))
+    module = plan.module.build()
+    callbacks = run_callbacks(plan, smoke_run_dir)
+    module.trainer = build_trainer(plan, smoke_run_dir, callbacks.all(), [], module)
     return RestoredState(smoke_run_dir / "checkpoints", module)
 
 

@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
-import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 
 from aiayn.config.compose import compose_run_config
 from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
 from aiayn.experiments.run import train
-from helpers.batch_recorder import recorded
+from helpers.batch_recorder import recorded, recorder
+from helpers.processes import assert_same_weights, environment, hold_and_signal, start, stopped, weights
 from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
-TESTS = Path(__file__).resolve().parent
+STEPS = 8
 
 
 def small_run(root: Path, cache: Path) -> list[str]:
@@ -29,60 +32,65 @@ def small_run(root: Path, cache: Path) -> list[str]:
 
 
 def ddp_train(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
-    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}'}}]"
-    command = ["aiayn-train", "hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder, *overrides]
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    command = ["aiayn-train", "hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder(run_dir), *overrides]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment())
     assert done.returncode == 0, done.stderr[-4000:]
     return done
 
 
-def test_two_ddp_processes_train_on_disjoint_equal_shares_checkpoint_and_resume(
+def test_two_ddp_ranks_train_on_disjoint_equal_shares_stop_together_at_a_signal_and_resume(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
+    overrides = [*small_run(multi30k_root, cache_dir), f"trainer.max_steps={STEPS}"]
+    whole_dir = tmp_path / "whole"
+    whole = ddp_train(whole_dir, overrides)
+    assert len([line for line in whole.stdout.splitlines() if line.startswith("{")]) == 1  # rank 0 reports
+    results = json.loads((whole_dir / "results.json").read_text())
+    assert results["steps"] == STEPS and results["batch"]["world_size"] == 2
+    hypotheses = (whole_dir / "test.hyp.txt").read_text().splitlines()
+    assert len(hypotheses) == 24  # both ranks' shares of the test set, in the test set's order
+    references = gzip.decompress((multi30k_root / "test_2016_flickr.de.gz").read_bytes()).decode().splitlines()[:24]
+    assert results["test_bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score, abs=0.01)
+
+    # SIGTERM to the launching process (rank 0) only, as `kill <pid>` would: both ranks stop at one step
     run_dir = tmp_path / "run"
-    overrides = small_run(multi30k_root, cache_dir)
-    first = ddp_train(run_dir, [*overrides, "trainer.max_steps=4"])
-    assert len([line for line in first.stdout.splitlines() if line.startswith("{")]) == 1  # rank 0 reports
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["steps"] == 4 and results["batch"]["world_size"] == 2 and 0 <= results["test_bleu"] <= 100
-    trained = [i for rank in (0, 1) for record in recorded(run_dir, rank) for i in record["index"]]
-    first_tokens = results["train_tokens"]
-    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
-    assert len((run_dir / "test.hyp.txt").read_text().splitlines()) == 24  # both ranks' shares of the test set
+    process = start("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder(run_dir, hold_at=4), *overrides)
+    hold_and_signal(process, run_dir, signal.SIGTERM)
+    stopped(process, signal.SIGTERM)
+    done = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+    assert 4 <= done < STEPS
+    assert [len(recorded(run_dir, rank)) for rank in (0, 1)] == [done + 1, done + 1]  # and had fetched one more
 
     # the same command in the same folder continues from last.ckpt (a requeued job)
-    ddp_train(run_dir, [*overrides, "trainer.max_steps=8"])
+    ddp_train(run_dir, overrides)
     results = json.loads((run_dir / "results.json").read_text())
-    assert results["steps"] == 8 and results["resumed_from"].endswith("last.ckpt")
-
+    assert results["steps"] == STEPS and results["resumed_from"].endswith("last.ckpt")
     ranks = [recorded(run_dir, rank) for rank in (0, 1)]
-    assert [[r["step"] for r in records] for records in ranks] == [list(range(8))] * 2  # equal, none repeated
+    for records in ranks:
+        del records[done]  # the batch fetched before the stop, which the continued run began with
+    assert [[r["step"] for r in records] for records in ranks] == [list(range(STEPS))] * 2  # equal, none repeated
     shares = [[r["index"] for r in records] for records in ranks]
+    assert shares == [[r["index"] for r in recorded(whole_dir, rank)] for rank in (0, 1)]
     pairs = [set(i for batch in share for i in batch) for share in shares]
     assert not pairs[0] & pairs[1]  # disjoint
     assert all(len(share) == len(set(share)) for share in ([i for b in s for i in b] for s in shares))
-
     # the interrupted run ends with the weights of an uninterrupted one, on both ranks
-    whole_dir = tmp_path / "whole"
-    ddp_train(whole_dir, [*overrides, "trainer.max_steps=8"])
-    expected, actual = (
-        torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for run in (whole_dir, run_dir)
-    )
-    assert all(torch.equal(expected[name], actual[name]) for name in expected)
+    assert_same_weights(weights(whole_dir), weights(run_dir))
 
-    # exactly what the sampler deals to each of 2 ranks, in epoch 0, before and after the resume
+    # exactly what the sampler deals to each of 2 ranks in epoch 0
     dm = Multi30kDataModule(root=str(multi30k_root), cache_dir=str(cache_dir), vocab_size=1000, train_limit=400)
     dm.prepare_data()
     dm.setup()
     sizes = dm.datasets["train"].sizes()
-    # the first run's token count is both ranks' real tokens: source + EOS and target + EOS of every pair
-    train = dm.datasets["train"]
-    real = train.src.lengths[train.indices] + train.tgt.lengths[train.indices] + 2
-    assert first_tokens == int(real[trained].sum())
+    # the token count is both ranks' real tokens: source + EOS and target + EOS of every pair
+    train_set = dm.datasets["train"]
+    real = train_set.src.lengths[train_set.indices] + train_set.tgt.lengths[train_set.indices] + 2
+    trained = [i for share in shares for batch in share for i in batch]
+    assert results["train_tokens"] == json.loads((whole_dir / "results.json").read_text())["train_tokens"]
+    assert results["train_tokens"] == int(real[trained].sum())
     for rank in (0, 1):
         sampler = TokenBudgetBatchSampler(sizes, 500, seed=1, num_replicas=2, rank=rank)
-        assert len(sampler) > 8 and shares[rank] == list(sampler)[:8]
+        assert len(sampler) > STEPS and shares[rank] == list(sampler)[:STEPS]
 
 
 def test_bf16_mixed_precision_trains_on_the_cpu(tmp_path: Path, multi30k_root: Path, cache_dir: Path) -> None:

@@ -1,15 +1,13 @@
 """Real training processes stopped from outside: a preemption signal saves a checkpoint that the restarted
-run continues from; after SIGKILL the run continues from its last checkpoint; either way it ends with the
-weights of an uninterrupted run. Checkpoints are written atomically, a truncated one is refused with the
-way out, and ``resume=true`` finds the latest run of an experiment."""
+run continues from, and it ends with the weights of the uninterrupted run (a kill at any moment is
+test_chaos's, a signal under DDP test_distributed_run's). Checkpoints are written atomically, a truncated
+one is refused with the way out, and ``resume=true`` finds the latest run of an experiment."""
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -22,145 +20,80 @@ from pytorch_lightning.utilities.exceptions import SIGTERMException
 
 from aiayn.cli.common import reported_run_errors
 from aiayn.training.checkpoints import save_checkpoint
-from helpers.batch_recorder import recorded
+from helpers.batch_recorder import recorded, recorder
+from helpers.processes import assert_same_weights, finish, hold_and_signal, logged_steps, start, stopped, weights
 from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
-TESTS = Path(__file__).resolve().parent
-STEPS = 16
-
-
-def command(run_dir: Path, overrides: list[str], pause: float = 0.0) -> list[str]:
-    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}',pause:{pause}}}]"
-    return [sys.executable, "-m", "aiayn.cli.train", f"hydra.run.dir={run_dir}", recorder, *overrides]
-
-
-def start(run_dir: Path, overrides: list[str], pause: float = 0.0) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = open(run_dir.parent / f"{run_dir.name}.stderr", "w")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(command(run_dir, overrides, pause), env=env, stdout=subprocess.DEVNULL, stderr=log)
-
-
-def finish(run_dir: Path, overrides: list[str]) -> dict:
-    process = start(run_dir, overrides)
-    assert process.wait(timeout=600) == 0, stderr(run_dir)[-3000:]
-    return json.loads((run_dir / "results.json").read_text())
-
-
-def stderr(run_dir: Path) -> str:
-    return (run_dir.parent / f"{run_dir.name}.stderr").read_text()
-
-
-def metric_rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "csv" / "metrics.csv", newline="") as rows:
-        return list(csv.DictReader(rows))
-
-
-def wait_for_batches(run_dir: Path, process: subprocess.Popen, count: int) -> None:
-    """Until the run has started its ``count``-th training batch."""
-    deadline = time.monotonic() + 600
-    path = run_dir / "batches.rank0.jsonl"
-    while not (path.is_file() and len(path.read_text().splitlines()) >= count):
-        assert process.poll() is None, f"the run ended early: {stderr(run_dir)[-3000:]}"
-        assert time.monotonic() < deadline, "the run did not reach the batch"
-        time.sleep(0.05)
-
-
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-
-
-def assert_same_weights(expected: dict[str, torch.Tensor], actual: dict[str, torch.Tensor]) -> None:
-    assert expected.keys() == actual.keys()
-    for name in expected:
-        assert torch.equal(expected[name], actual[name]), name
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
 def test_a_signal_saves_a_checkpoint_that_the_restarted_run_continues_from(
-    signum: signal.Signals, tmp_path: Path, multi30k_root: Path, cache_dir: Path
+    signum: signal.Signals, tmp_path: Path, reference_run: Path, reference_overrides: list[str]
 ) -> None:
-    # validations every 3 steps: the signal usually lands at step 6, which validates before the run stops
-    overrides = resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
-    whole = finish(tmp_path / "whole", overrides)
-
+    steps = json.loads((reference_run / "results.json").read_text())["steps"]
     run_dir = tmp_path / "run"
-    process = start(run_dir, overrides, pause=0.3)
-    wait_for_batches(run_dir, process, 6)
-    process.send_signal(signum)
-    assert process.wait(timeout=300) == 128 + signum  # as a shell reports a process a signal ended
+    command = [f"hydra.run.dir={run_dir}", *reference_overrides]
+    process = start(*command, recorder(run_dir, hold_at=6))  # step 6 validates and checkpoints, then the stop
+    held = hold_and_signal(process, run_dir, signum)
+    err = stopped(process, signum)
     # the step under way when the signal came was finished and saved; the next batch had been fetched
     done = len(recorded(run_dir)) - 1
     saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    assert 6 <= done < STEPS and saved["global_step"] == done
-    message = stderr(run_dir).strip().splitlines()[-1]
-    assert message == (
+    assert held == 6 <= done < steps and saved["global_step"] == done
+    assert err.strip().splitlines()[-1] == (
         f"aiayn-train: stopped: {signum.name} received: stopped after step {done} and saved "
         f"{run_dir / 'checkpoints' / 'last.ckpt'}; continue it with the same command"
     )
     assert not (run_dir / "results.json").exists()
 
-    again = finish(run_dir, overrides)  # the same command: a requeued job
-    assert again["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt") and again["steps"] == STEPS
+    finish(*command, recorder(run_dir))  # the same command: a requeued job
+    again = json.loads((run_dir / "results.json").read_text())
+    whole = json.loads((reference_run / "results.json").read_text())
+    assert again["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt") and again["steps"] == steps
     records = recorded(run_dir)
     del records[done]  # the batch fetched before the stop, which the restarted run began with
-    assert [record["step"] for record in records] == list(range(STEPS))  # each step once
-    assert [record["index"] for record in records] == [record["index"] for record in recorded(tmp_path / "whole")]
+    assert [record["step"] for record in records] == list(range(steps))  # each step once
+    assert [record["index"] for record in records] == [record["index"] for record in recorded(reference_run)]
     assert again["train_tokens"] == whole["train_tokens"]
-    assert_same_weights(weights(tmp_path / "whole"), weights(run_dir))
+    assert_same_weights(weights(reference_run), weights(run_dir))
     for key in ("train/loss", "val/bleu"):  # both parts' metrics, none deleted; every validation, once
-        logged = [[row["step"] for row in metric_rows(d) if row.get(key)] for d in (run_dir, tmp_path / "whole")]
-        assert logged[0] == logged[1] and logged[0], key
+        assert logged_steps(run_dir, key) == logged_steps(reference_run, key) != [], key
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step*.ckpt")) == sorted(
-        p.name for p in (tmp_path / "whole" / "checkpoints").glob("step*.ckpt")
+        p.name for p in (reference_run / "checkpoints").glob("step*.ckpt")
     )
-
-
-def test_a_run_killed_at_a_random_step_resumes_to_the_uninterrupted_weights(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path
-) -> None:
-    overrides = resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}", "checkpoint.every_steps=3")
-    finish(tmp_path / "whole", overrides)
-
-    seed = random.randrange(1 << 30)
-    kill_at = random.Random(seed).randint(4, STEPS - 2)  # a step past the first checkpoint (step 3)
-    run_dir = tmp_path / "run"
-    process = start(run_dir, overrides, pause=0.2)
-    wait_for_batches(run_dir, process, kill_at + 1)
-    process.kill()  # SIGKILL: no handler runs, nothing is saved
-    assert process.wait(timeout=60) == -signal.SIGKILL
-    saved = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    assert saved % 3 == 0 and 3 <= saved <= kill_at, f"seed {seed}"
-
-    again = finish(run_dir, overrides)
-    assert again["steps"] == STEPS and again["resumed_from"].endswith("last.ckpt"), f"seed {seed}"
-    steps = [record["step"] for record in recorded(run_dir)]
-    resumed = len(steps) - (STEPS - saved)  # the second process's records follow the first one's
-    assert steps[resumed:] == list(range(saved, STEPS)), f"seed {seed}"
-    assert_same_weights(weights(tmp_path / "whole"), weights(run_dir))
 
 
 def test_a_process_killed_while_saving_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
     path = tmp_path / "last.ckpt"
     save_checkpoint({"step": -1, "weights": torch.zeros(4)}, path)
-    writer = (
-        "import sys, torch\n"
+    # One process imports torch; each line it reads forks a writer that saves until it is killed (the
+    # parent runs no torch op, so the fork is safe) and, once the writer is reaped, says so.
+    writers = (
+        "import os, sys, torch\n"
         "from aiayn.training.checkpoints import save_checkpoint\n"
-        "big = torch.randn(8_000_000)\n"
-        "print('ready', flush=True)\n"
-        "for step in range(10**6):\n"
-        f"    save_checkpoint({{'step': step, 'weights': big}}, {str(path)!r})\n"
+        "for _ in sys.stdin:\n"
+        "    if (pid := os.fork()) == 0:\n"
+        "        big = torch.randn(8_000_000)\n"
+        "        print(os.getpid(), flush=True)\n"
+        "        for step in range(10**6):\n"
+        f"            save_checkpoint({{'step': step, 'weights': big}}, {str(path)!r})\n"
+        "    os.waitpid(pid, 0)\n"
+        "    print('reaped', flush=True)\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", writers], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     for attempt in range(3):  # kill at different points of a 32 MB write
-        process = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
-        assert process.stdout.readline() == "ready\n"
+        process.stdin.write("write\n")
+        process.stdin.flush()
+        writer = int(process.stdout.readline())
         time.sleep(0.3 + 0.37 * attempt)
-        process.kill()
-        process.wait(timeout=60)
-        process.stdout.close()
+        os.kill(writer, signal.SIGKILL)
+        assert process.stdout.readline() == "reaped\n"
         checkpoint = torch.load(path, weights_only=True)  # whole: the old file or a complete new one
         assert checkpoint["step"] >= -1 and checkpoint["weights"].numel() in (4, 8_000_000)
+    process.communicate(timeout=60)
     save_checkpoint({"step": 0}, path)
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # the killed writers' temporary files are gone
 
@@ -182,10 +115,10 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path: Path, monkeypatch
 
 
 def test_a_truncated_checkpoint_is_refused_and_the_previous_one_is_named(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     run_dir = tmp_path / "run"
-    overrides = [*resumable_run(multi30k_root, cache_dir, "checkpoint.every_steps=3"), f"hydra.run.dir={run_dir}"]
+    overrides = [*resumable_run(corpus_root, cache_dir, "checkpoint.every_steps=3"), f"hydra.run.dir={run_dir}"]
     assert train_in_process([*overrides, "trainer.max_steps=6"], monkeypatch) == 0
     last, step6 = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "step0000006.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # a disk that lost the end of the file
@@ -203,12 +136,12 @@ def test_a_truncated_checkpoint_is_refused_and_the_previous_one_is_named(
 
 
 def test_a_foreign_or_mismatched_checkpoint_is_refused(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)
     foreign = tmp_path / "foreign.ckpt"
     torch.save({"state_dict": {}, "optimizer_states": [], "loops": {}, "args": argparse.Namespace(lr=0.1)}, foreign)
-    base = resumable_run(multi30k_root, cache_dir, "trainer.max_steps=2")
+    base = resumable_run(corpus_root, cache_dir, "trainer.max_steps=2")
     assert train_in_process([*base, f"resume={foreign}"], monkeypatch) == 2
     assert "holds argparse.Namespace objects" in capsys.readouterr().err
 
@@ -223,10 +156,10 @@ def test_a_foreign_or_mismatched_checkpoint_is_refused(
 
 
 def test_resume_true_continues_the_latest_run_of_the_experiment(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    base = resumable_run(multi30k_root, cache_dir)
+    base = resumable_run(corpus_root, cache_dir)
     assert train_in_process([*base, "trainer.max_steps=3"], monkeypatch) == 0
     (first,) = (tmp_path / "outputs" / "tiny_multi30k_en_de").iterdir()
     crashed = tmp_path / "outputs" / "tiny_multi30k_en_de" / "2999-01-01_00-00-00"  # newer, never checkpointed
@@ -236,27 +169,6 @@ def test_resume_true_continues_the_latest_run_of_the_experiment(
     results = json.loads((first / "results.json").read_text())
     assert results["steps"] == 6 and results["resumed_from"] == str(first / "checkpoints" / "last.ckpt")
     assert sorted(p.name for p in first.parent.iterdir()) == sorted([first.name, crashed.name])  # no new folder
-
-
-def test_a_signal_to_the_first_ddp_rank_stops_both_ranks_at_one_step(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path
-) -> None:
-    overrides = ["hardware=cpu_ddp", *resumable_run(multi30k_root, cache_dir, f"trainer.max_steps={STEPS}")]
-    run_dir = tmp_path / "run"
-    process = start(run_dir, overrides, pause=0.3)
-    wait_for_batches(run_dir, process, 5)
-    process.send_signal(signal.SIGTERM)  # to the launching process (rank 0) only, as `kill <pid>` would
-    assert process.wait(timeout=300) == 128 + signal.SIGTERM, stderr(run_dir)[-3000:]
-    done = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    # both ranks finished the same steps and had fetched one batch more
-    assert [len(recorded(run_dir, rank)) for rank in (0, 1)] == [done + 1, done + 1]
-
-    again = finish(run_dir, overrides)
-    assert again["steps"] == STEPS and again["resumed_from"].endswith("last.ckpt")
-    for rank in (0, 1):
-        records = recorded(run_dir, rank)
-        del records[done]
-        assert [record["step"] for record in records] == list(range(STEPS))
 
 
 def test_sigterm_while_testing_exits_with_143(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -1,7 +1,9 @@
-"""A run stopped mid-epoch and resumed ends exactly where an uninterrupted run ends."""
+"""A run stopped mid-epoch and resumed (or requeued: the same folder again) ends exactly where an
+uninterrupted run ends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,55 +39,71 @@ class StopAtStep(pl.Callback):
             trainer.should_stop = True
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[[list[str]], tuple[dict, Path]]:
+    """The 16-step run of some overrides, trained once per module for the cases that share it."""
+    runs: dict[tuple[str, ...], tuple[dict, Path]] = {}
+
+    def whole(overrides: list[str]) -> tuple[dict, Path]:
+        if tuple(overrides) not in runs:
+            runs[tuple(overrides)] = run(tmp_path_factory.mktemp("whole"), "run", [*overrides, "trainer.max_steps=16"])
+        return runs[tuple(overrides)]
+
+    return whole
+
+
 @pytest.mark.parametrize(
     ("stop", "how", "extra"),
     [
-        (7, "max_steps", []),  # mid-epoch
+        (7, "requeued", []),  # mid-epoch; the same folder again, no resume key (a requeued SLURM job)
         (7, "asked", ["data.num_workers=1"]),  # a callback asks to stop (the timer's way), worker processes
         ("epoch end", "max_steps", ["data.num_workers=1"]),  # exactly at the end of the first epoch
         (5, "max_steps", ["trainer.accumulate_grad_batches=2"]),  # 10 of the first epoch's batches
     ],
 )
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_run(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path, stop: int | str, how: str, extra: list[str]
+    tmp_path: Path,
+    multi30k_root: Path,
+    cache_dir: Path,
+    uninterrupted: Callable[[list[str]], tuple[dict, Path]],
+    stop: int | str,
+    how: str,
+    extra: list[str],
 ) -> None:
+    # The uninterrupted run loads its batches in this process: worker processes change no batch and no mask.
+    batching = [setting for setting in extra if not setting.startswith("data.num_workers")]
+    whole, whole_dir = uninterrupted(resumable_run(multi30k_root, cache_dir, *batching))
     base = resumable_run(multi30k_root, cache_dir, *extra)
-    whole, whole_dir = run(tmp_path, "whole", [*base, "trainer.max_steps=16"])
     records = recorded(whole_dir)
     per_epoch = max(record["step"] for record in records if record["epoch"] == 0) + 1  # optimizer steps
     stop = per_epoch if stop == "epoch end" else stop
     assert stop <= per_epoch < 16  # the stop is in (or at the end of) the first epoch; the run goes on
-    if how == "max_steps":
-        _, first_dir = run(tmp_path, "first", [*base, f"trainer.max_steps={stop}"])
-    else:
-        first_dir = tmp_path / "first"
+    first_dir = tmp_path / "first"
+    if how == "asked":
         overrides = [*base, "trainer.max_steps=16"]
         recorder = BatchRecorder(str(first_dir))
         train(compose_run_config(overrides), first_dir, overrides, callbacks=[recorder, StopAtStep(stop)])
-    resume = f"resume={first_dir / 'checkpoints' / 'last.ckpt'}"
-    second, second_dir = run(tmp_path, "second", [*base, "trainer.max_steps=16", resume])
+    else:
+        run(tmp_path, "first", [*base, f"trainer.max_steps={stop}"])
+    first_records = recorded(first_dir)
+    if how == "requeued":
+        second, second_dir = run(tmp_path, "first", [*base, "trainer.max_steps=16"])
+        second_records = recorded(second_dir)[len(first_records) :]
+    else:
+        resume = f"resume={first_dir / 'checkpoints' / 'last.ckpt'}"
+        second, second_dir = run(tmp_path, "second", [*base, "trainer.max_steps=16", resume])
+        second_records = recorded(second_dir)
 
     batches = [record["index"] for record in records]
-    done = len(recorded(first_dir))
-    assert [record["step"] for record in recorded(first_dir)][-1] == stop - 1
+    done = len(first_records)
+    assert [record["step"] for record in first_records][-1] == stop - 1
     # the resumed run continues with the next batch and sees exactly the rest
-    assert [record["index"] for record in recorded(first_dir)] == batches[:done]
-    assert [record["index"] for record in recorded(second_dir)] == batches[done:]
-    assert second["steps"] == whole["steps"] == 16 and second["resumed_from"].endswith("last.ckpt")
+    assert [record["index"] for record in first_records] == batches[:done]
+    assert [record["index"] for record in second_records] == batches[done:]
+    assert second["steps"] == whole["steps"] == 16
+    assert second["resumed_from"] == str(first_dir / "checkpoints" / "last.ckpt")
     assert second["train_tokens"] == whole["train_tokens"]  # counted over both parts
     expected, actual = weights(whole_dir), weights(second_dir)
     assert expected.keys() == actual.keys()
     for name in expected:
         assert torch.equal(expected[name], actual[name]), name
-
-
-def test_a_run_folder_with_a_last_checkpoint_continues_from_it(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path
-) -> None:
-    """What a requeued SLURM job does: the same command, the same folder, no resume key."""
-    base = resumable_run(multi30k_root, cache_dir)
-    _, run_dir = run(tmp_path, "run", [*base, "trainer.max_steps=5"])
-    again, _ = run(tmp_path, "run", [*base, "trainer.max_steps=9"])
-    steps = [record["step"] for record in recorded(run_dir)]
-    assert steps == list(range(9))  # no step twice, none left out
-    assert again["resumed_from"] == str(run_dir / "checkpoints" / "last.ckpt") and again["steps"] == 9

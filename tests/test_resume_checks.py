@@ -17,16 +17,18 @@ import yaml
 from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
 from aiayn.training.metrics import drop_metrics_from
 from aiayn.training.schedule import NoamSchedule
-from helpers.runs import copy_of, smoke_run, train_in_process
+from helpers.runs import SMOKE_RUN_EXTRA, copy_of, smoke_run, train_in_process
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory: pytest.TempPathFactory, corpus_root: Path, cache_dir: Path) -> Path:
-    """A smoke run's folder after its 12 steps (checkpoints after steps 6 and 12)."""
-    run_dir = tmp_path_factory.mktemp("finished") / "run"
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        assert train_in_process([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 0
-    return run_dir
+@pytest.fixture
+def finished(smoke_run_dir: Path) -> Path:
+    """The session's smoke run: its 12 steps done, checkpoints after steps 6 and 12. Resumed into copies only."""
+    return smoke_run_dir
+
+
+def continued(root: Path, cache: Path, *extra: str) -> list[str]:
+    """The overrides of the smoke run, which a resume of it continues, plus ``extra``."""
+    return smoke_run(root, cache, *SMOKE_RUN_EXTRA, *extra)
 
 
 def last_error(capsys: pytest.CaptureFixture) -> str:
@@ -54,7 +56,7 @@ def test_a_resume_that_cannot_honour_a_setting_is_refused_naming_both_values(
     capsys: pytest.CaptureFixture,
 ) -> None:
     last = finished / "checkpoints" / "last.ckpt"
-    argv = [*smoke_run(corpus_root, cache_dir, change, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
+    argv = [*continued(corpus_root, cache_dir, change, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
     assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
     assert error.startswith(f"aiayn-train: error: checkpoint {last} was trained with {named}"), error
@@ -74,7 +76,7 @@ def test_a_resume_on_a_changed_corpus_is_refused(
     lines = (corpus / "train.de").read_text().splitlines(keepends=True)
     (corpus / "train.de").write_text("".join(["ein anderer Satz\n", *lines[1:]]))
     last = finished / "checkpoints" / "last.ckpt"
-    argv = [*smoke_run(corpus, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
+    argv = [*continued(corpus, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
     assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
     assert "was trained on the data of cache entry" in error and "a resumed run cannot change its data" in error
@@ -89,7 +91,7 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     run_dir = copy_of(finished, tmp_path)
-    argv = [*smoke_run(corpus_root, cache_dir, "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")]
+    argv = [*continued(corpus_root, cache_dir, "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")]
     with caplog.at_level(logging.WARNING):
         assert train_in_process([*argv, f"hydra.run.dir={run_dir}", "resume=true"], monkeypatch) == 0
     assert "optim.warmup=10 → 3" in caplog.text and "optim.lr_scale=1.0 → 2.0" in caplog.text
@@ -109,7 +111,7 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
 def test_a_multirun_job_continues_only_its_own_overrides(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    sweep = ["-m", f"hydra.sweep.dir={tmp_path / 'multirun'}", *smoke_run(corpus_root, cache_dir)]
+    sweep = ["-m", f"hydra.sweep.dir={tmp_path / 'multirun'}", *continued(corpus_root, cache_dir)]
     assert train_in_process([*sweep, "optim.warmup=8"], monkeypatch) == 0
     job = tmp_path / "multirun" / "0"
     before = (job / "checkpoints" / "last.ckpt").read_bytes()
@@ -127,7 +129,7 @@ def test_resuming_an_older_step_sets_the_newer_checkpoints_aside(
     run_dir = copy_of(finished, tmp_path)
     step6 = run_dir / "checkpoints" / "step0000006.ckpt"
     abandoned = (run_dir / "checkpoints" / "step0000012.ckpt").read_bytes()
-    argv = [*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", f"resume={step6}"]
+    argv = [*continued(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", f"resume={step6}"]
     assert train_in_process(argv, monkeypatch) == 0
     aside = run_dir / "checkpoints" / "abandoned-after-step6"
     assert {"step0000012.ckpt", "last.ckpt"} <= {path.name for path in aside.iterdir()}
@@ -145,7 +147,7 @@ def test_resume_false_never_continues_a_run(
 ) -> None:
     run_dir = copy_of(finished, tmp_path)
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
-    argv = [*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", "resume=false"]
+    argv = [*continued(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", "resume=false"]
     assert train_in_process(argv, monkeypatch) == 2
     assert last_error(capsys).startswith(f"aiayn-train: error: resume=false but {run_dir} holds a run")
     assert (run_dir / "checkpoints" / "last.ckpt").read_bytes() == before
@@ -165,7 +167,7 @@ def test_a_resume_on_other_processes_or_accumulation_is_refused(
     checkpoint[RUN_KEY][BATCH_KEY]["world_size"] = 2  # as written by a run of two processes
     moved = tmp_path / "two-processes.ckpt"
     torch.save(checkpoint, moved)
-    argv = [*smoke_run(corpus_root, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
+    argv = [*continued(corpus_root, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
     assert train_in_process([*argv, f"resume={moved}"], monkeypatch) == 2
     assert "was trained with world_size=2 (training processes), this run has world_size=1" in last_error(capsys)
 

@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import hydra.core.utils
@@ -22,9 +21,10 @@ from hydra.types import RunMode
 from aiayn.config.naming import latest_run, multirun_dir, reserved_folder
 from aiayn.errors import RunFolderBusy
 from aiayn.files import hold_run_folder, release_run_folder, run_folder_holder
+from helpers.batch_recorder import HELD, recorder
+from helpers.processes import hold_and_signal, start, stopped, wait_until
 from helpers.runs import smoke_run, train_in_process
 
-TESTS = Path(__file__).resolve().parent
 HOLD = (
     "import sys, time\nfrom aiayn.files import hold_run_folder\n"
     "hold_run_folder(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(600)\n"
@@ -38,35 +38,29 @@ def holder(folder: Path) -> subprocess.Popen[str]:
     return process
 
 
-def train(run_dir: Path, *overrides: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "aiayn.cli.train", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
 def test_a_second_aiayn_train_in_a_living_runs_folder_is_refused_and_changes_nothing(
-    tmp_path: Path, corpus_root: Path, cache_dir: Path
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     run_dir = tmp_path / "run"
-    recorder = f"callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{run_dir}',pause:1.0}}]"
-    first = train(run_dir, *smoke_run(corpus_root, cache_dir, recorder))
-    deadline = time.monotonic() + 300
-    while not (run_dir / "batches.rank0.jsonl").is_file():
-        assert first.poll() is None and time.monotonic() < deadline, first.stderr.read()
-        time.sleep(0.05)
+    first = start(f"hydra.run.dir={run_dir}", *smoke_run(corpus_root, cache_dir, recorder(run_dir, hold_at=2)))
+    wait_until((run_dir / HELD).is_file, first, "the held batch")  # the first run is alive, held at step 2
     hydra_files = {path.name: path.read_bytes() for path in (run_dir / ".hydra").iterdir()}
 
-    second = train(run_dir, *smoke_run(corpus_root, cache_dir, "seed=7"))
-    _, err = second.communicate(timeout=120)
-    assert second.returncode == 2
-    (line,) = err.strip().splitlines()
+    # The second run in this process: the folder's lock is an flock, which the first process holds.
+    assert (
+        train_in_process([f"hydra.run.dir={run_dir}", *smoke_run(corpus_root, cache_dir, "seed=7")], monkeypatch) == 2
+    )
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"aiayn-train: error: run folder {run_dir} is in use by pid {first.pid} on ")
     assert {path.name: path.read_bytes() for path in (run_dir / ".hydra").iterdir()} == hydra_files
 
-    assert first.poll() is None  # the first run went on
-    first.send_signal(signal.SIGTERM)
-    _, err = first.communicate(timeout=300)
-    assert first.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert first.poll() is None  # the first run goes on
+    hold_and_signal(first, run_dir, signal.SIGTERM)
+    stopped(first, signal.SIGTERM)
     assert (run_dir / "checkpoints" / "last.ckpt").is_file() and run_folder_holder(run_dir) is None
 
 
