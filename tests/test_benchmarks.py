@@ -1,63 +1,131 @@
-"""The benchmarks run end to end at tiny sizes and report what benchmarks/RESULTS.md quotes."""
+"""Smoke tests of the benchmark scripts: each runs end to end on the generated corpus at tiny sizes (one
+round, a 512² matrix product for the machine's ceiling) and races its contestants fairly: the same
+parameters, every batch stepped by every contestant, decoders held to the same output lengths. The speeds
+are not checked; benchmarks/RESULTS.md quotes full runs on a quiet machine. The scripts run in this
+process (``runpy``), as ``python benchmarks/<script>.py`` runs them, without starting another Python."""
 
 from __future__ import annotations
 
+import importlib
 import json
-import os
-import subprocess
+import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-# model=tiny with the paper's dropout, so that the timed steps use it
-TINY = ["--data", "{root}", "data.max_tokens=512", "data.cache_dir={cache}", "model.dropout=0.1"]
 pytestmark = pytest.mark.slow
 
-
-def run_benchmark(script: str, root: Path, cache: Path, *args: str) -> dict[str, Any]:
-    command = [sys.executable, str(BENCHMARKS / script), *args]
-    command += [part.format(root=root, cache=cache) for part in TINY]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB__DISABLE_STATS": "true"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+Benchmark = Callable[..., dict[str, Any]]
 
 
-def test_train_throughput_races_the_peers_with_the_same_parameters(multi30k_root: Path, cache_dir: Path) -> None:
-    result = run_benchmark("train_throughput.py", multi30k_root, cache_dir, "--models", "tiny", "--steps", "2")
-    tiny = result["tiny"]
-    # the three models have the same dimensions: the same trainable parameters
-    assert len(set(tiny["params"].values())) == 1, tiny["params"]
-    for key in ("vs_marian", "vs_nn_transformer"):
-        assert 0.2 < tiny[key] < 5.0
-    assert 0.0 < tiny["efficiency"] < 1.0  # no step beats the machine's own matrix product
-    assert set(tiny["tokens_per_s"]) == {"aiayn", "marian", "nn_transformer"}
+@pytest.fixture
+def run_benchmark(
+    corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Benchmark:
+    """Runs a script of benchmarks/ with its arguments; with ``data=True``, on the generated corpus with the
+    session's 1000-piece tokenizer, model=tiny's batches of 512 tokens and the paper's dropout (so that the
+    timed steps use it). Returns its last line of output, JSON."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))  # the scripts import their neighbours, as from their folder
+
+    def run(script: str, *args: str, data: bool = True) -> dict[str, Any]:
+        argv = [str(BENCHMARKS / script), *args]
+        if data:
+            argv += ["--data", str(corpus_root), f"data.cache_dir={cache_dir}", "data.vocab_size=1000"]
+            argv += ["data.max_tokens=512", "model.dropout=0.1"]
+        monkeypatch.setattr(sys, "argv", argv)
+        runpy.run_path(argv[0], run_name="__main__")
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    return run
 
 
-def test_efficiency_is_model_flops_over_the_matmul_ceiling(multi30k_root: Path, cache_dir: Path) -> None:
-    result = run_benchmark("efficiency.py", multi30k_root, cache_dir, "--models", "tiny", "--rounds", "1")
-    tiny = result["tiny"]
-    assert 0.0 < tiny["efficiency"] < 1.0
-    assert tiny["efficiency"] == pytest.approx(tiny["model_gflops"] / tiny["matmul_gflops"], abs=0.01)
+def stepped_batches(monkeypatch: pytest.MonkeyPatch, module: str, function: str) -> dict[str, list[int]]:
+    """The batches that the training steps handed to ``module.function`` (``workload.race``: steps by name;
+    ``workload.timed_steps``: one step) are given, as ids in order by contestant, and under ``"batches"``
+    those the function was asked to run. Needs benchmarks/ on the path, where ``run_benchmark`` puts it."""
+    target = importlib.import_module(module)
+    real = getattr(target, function)
+    stepped: dict[str, list[int]] = {}
+
+    def counted(name: str, step: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+        def run(batch: dict[str, Any]) -> None:
+            stepped.setdefault(name, []).append(id(batch))
+            step(batch)
+
+        return run
+
+    def spy(steps: Any, batches: list[dict[str, Any]], *args: Any) -> Any:
+        stepped["batches"] = [id(batch) for batch in batches]
+        if isinstance(steps, dict):
+            return real({name: counted(name, step) for name, step in steps.items()}, batches, *args)
+        return real(counted("aiayn", steps), batches, *args)
+
+    monkeypatch.setattr(target, function, spy)
+    return stepped
 
 
-def test_overhead_times_the_real_training_loop_against_the_bare_one(multi30k_root: Path, cache_dir: Path) -> None:
-    # the script itself stops unless every timed step of the run was paired with a bare step
-    args = ("--model", "tiny", "--steps", "4", "--warmup", "1", "--rounds", "1")
-    result = run_benchmark("overhead.py", multi30k_root, cache_dir, *args)
-    speeds = result["tokens_per_s"]
-    assert 0.2 < speeds["aiayn-train"] / speeds["bare"] < 1.1
-    assert 0.0 < result["data_share"] < 0.5
+def test_train_throughput_races_the_peers_with_the_same_parameters_on_the_same_batches(
+    run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stepped = stepped_batches(monkeypatch, "workload", "race")
+    args = ("--models", "tiny", "--steps", "2", "--rounds", "1", "--matmul-size", "512")
+    tiny = run_benchmark("train_throughput.py", *args)["tiny"]
+    contestants = {"aiayn", "marian", "nn_transformer"}
+    assert set(tiny["params"]) == set(tiny["tokens_per_s"]) == contestants
+    assert len(set(tiny["params"].values())) == 1, tiny["params"]  # the same dimensions: the same parameters
+    # every contestant stepped both batches, in a warm-up pass and the one timed round: the same tokens
+    batches = stepped.pop("batches")
+    assert len(batches) == 2 and stepped == dict.fromkeys(contestants, batches * 2)
+    assert set(tiny) >= {"efficiency", "model_gflops", "matmul_gflops", "vs_marian", "vs_nn_transformer"}
 
 
-def test_decoding_races_cached_and_recomputed_beam_search_against_generate_and_ctranslate2() -> None:
-    command = [sys.executable, str(BENCHMARKS / "decoding.py"), "--sentences", "8", "--batch", "4", "--rounds", "1",
-               "--ct2", "int8"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    speeds = json.loads(done.stdout.strip().splitlines()[-1])["sentences_per_s"]
-    assert set(speeds) == {"aiayn cached", "aiayn recompute", "transformers generate", "ctranslate2 int8"}
-    assert all(speed > 0 for speed in speeds.values())
+def test_efficiency_times_our_step_on_every_batch_against_the_matmul_ceiling(
+    run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stepped = stepped_batches(monkeypatch, "workload", "timed_steps")
+    args = ("--models", "tiny", "--steps", "2", "--rounds", "1", "--matmul-size", "512")
+    tiny = run_benchmark("efficiency.py", *args)["tiny"]
+    batches = stepped.pop("batches")
+    assert len(batches) == 2 and stepped == {"aiayn": batches * 2}  # a warm-up pass and the timed round
+    assert set(tiny) == {"efficiency", "model_gflops", "matmul_gflops"}
+    assert min(tiny.values()) > 0
+
+
+@pytest.mark.usefixtures("wandb_offline")
+def test_overhead_times_the_real_training_loop_against_the_bare_one(
+    run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script itself stops unless every timed step of the run was paired with a bare step."""
+    train_throughput = importlib.import_module("train_throughput")
+    our_step = train_throughput.our_step
+    bare: list[int] = []
+
+    def counted_step(module: Any) -> Callable[[dict[str, Any]], None]:
+        step = our_step(module)
+
+        def run(batch: dict[str, Any]) -> None:
+            bare.append(id(batch))
+            step(batch)
+
+        return run
+
+    monkeypatch.setattr(train_throughput, "our_step", counted_step)
+    result = run_benchmark("overhead.py", "--model", "tiny", "--steps", "4", "--warmup", "1", "--rounds", "1")
+    assert len(bare) == 5  # the bare loop stepped the run's warm-up batch and its 4 timed ones
+    assert set(result["tokens_per_s"]) == {"bare", "aiayn-train"}
+    assert min(result["tokens_per_s"].values()) > 0 and result["full_vs_bare"] > 0 and result["data_share"] > 0
+
+
+def test_decoding_races_cached_and_recomputed_beam_search_against_generate_and_ctranslate2(
+    run_benchmark: Benchmark,
+) -> None:
+    """The script itself stops unless every contestant decoded exactly --out-len steps per sentence."""
+    args = ("--sentences", "8", "--batch", "4", "--rounds", "1", "--ct2", "int8")
+    result = run_benchmark("decoding.py", *args, data=False)
+    names = {"aiayn cached", "aiayn recompute", "transformers generate", "ctranslate2 int8"}
+    assert set(result["sentences_per_s"]) == set(result["rounds"]) == names
+    assert all(len(speeds) == 1 for speeds in result["rounds"].values())

@@ -145,14 +145,17 @@ def test_aiayn_average_takes_the_newest_of_a_run(tmp_path: Path, capsys: pytest.
         average_main([str(tmp_path), "--last", "7"])
     assert exit_info.value.code == 2
     assert "has 4 step checkpoints, fewer than --last=7" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         average_main([str(folder / "step0000050.ckpt"), str(folder / "step0000100.ckpt")])
+    assert exit_info.value.code == 2
     assert "--output is required" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         average_main([str(tmp_path), "--last", "2", "-o", str(folder / "step0000200.ckpt")])
+    assert exit_info.value.code == 2
     assert "is one of the inputs" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         average_main([str(tmp_path / "no-such-run")])
+    assert exit_info.value.code == 2
     assert "no-such-run does not exist" in capsys.readouterr().err
 
 

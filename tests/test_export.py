@@ -6,15 +6,18 @@ on the generated corpus, so its predictions are decided, not near-ties)."""
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
 from aiayn.cli import evaluate as evaluate_cli
+from aiayn.cli import export as export_cli
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.evaluation.translator import Translator, load_translation_model
@@ -25,13 +28,14 @@ from aiayn.export.marian import generate_ids
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig, length_penalty
 from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_checkpoint, load_model, save_checkpoint
+from helpers.extras import dev_extra
 from helpers.reference_search import sequence_log_prob
-from helpers.runs import smoke_run
+from helpers.runs import smoke_run, train_in_process
 
 pytestmark = pytest.mark.slow  # a real training run and the real console scripts
 
-ctranslate2 = pytest.importorskip("ctranslate2")
-transformers = pytest.importorskip("transformers")
+ctranslate2 = dev_extra("ctranslate2")
+transformers = dev_extra("transformers")
 
 GREEDY = DecodingOptions(beam_size=1)
 BEAM4_NO_PENALTY = DecodingOptions(beam_size=4, alpha=0.0)
@@ -39,19 +43,24 @@ PAPER = DecodingOptions()  # beam 4, α = 0.6
 
 
 @pytest.fixture(scope="module")
-def trained(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The averaged checkpoint (of steps 200 and 400) of a 400-step run of the tiny model, 500 pairs."""
-    folder = tmp_path_factory.mktemp("export-run")
+def trained(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The averaged checkpoint (of steps 200 and 400) of a 400-step run of the tiny model, 500 pairs; trained
+    in this process (the console script is what the end-to-end tests run)."""
+    run_dir = tmp_path_factory.mktemp("export-run") / "run"
     overrides = ["data.train_limit=null", "trainer.max_steps=400", "trainer.val_check_interval=200", "optim.warmup=100"]
-    command = ["aiayn-train", *smoke_run(corpus_root, folder / "cache", *overrides), f"hydra.run.dir={folder / 'run'}"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder / "run" / "checkpoints" / "averaged.ckpt"
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        assert (
+            train_in_process([*smoke_run(corpus_root, cache_dir, *overrides), f"hydra.run.dir={run_dir}"], monkeypatch)
+            == 0
+        )
+    return run_dir / "checkpoints" / "averaged.ckpt"
 
 
-def export(checkpoint: Path, output: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    command = ["aiayn-export", f"checkpoint={checkpoint}", f"output={output}", *overrides]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+@pytest.fixture(scope="module")
+def ours(trained: Path) -> tuple[Transformer, Tokenizer]:
+    """The trained model (in eval mode) and its tokenizer."""
+    model, tokenizer, _ = load_model(trained)
+    return model, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,8 @@ def exported(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     """The trained model as CTranslate2 float32 through the console script, and as a MarianMTModel folder
     and CTranslate2 int8 through the function behind it."""
     folder = tmp_path_factory.mktemp("exported")
-    done = export(trained, folder / "ct2", "format=ctranslate2")
+    command = ["aiayn-export", f"checkpoint={trained}", f"output={folder / 'ct2'}", "format=ctranslate2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == f"exported {trained} as CTranslate2 (float32) to {folder / 'ct2'}"
     export_checkpoint(trained, "hf", folder / "hf")
@@ -74,11 +84,39 @@ def sources(corpus_root: Path) -> list[str]:
     return lines + read_lines(corpus_root / "train.en")[:200]
 
 
+@pytest.fixture(scope="module")
+def hf(exported: dict[str, Path]) -> transformers.MarianMTModel:
+    """The Hugging Face export, loaded with ``from_pretrained``."""
+    return transformers.MarianMTModel.from_pretrained(exported["hf"]).eval()
+
+
+@pytest.fixture(scope="module")
+def engine(exported: dict[str, Path]) -> EngineModel:
+    """The CTranslate2 float32 export, loaded."""
+    return EngineModel(exported["ct2"])
+
+
+@pytest.fixture(scope="module")
+def translations(
+    ours: tuple[Transformer, Tokenizer], engine: EngineModel, sources: list[str]
+) -> Callable[[str, DecodingOptions], list[str]]:
+    """The translations of ``sources`` by ``aiayn`` (our model) or ``ct2`` (the float32 engine) with given
+    decoding options, each made once."""
+    model, tokenizer = ours
+    made: dict[tuple[str, DecodingOptions], list[str]] = {}
+
+    def translated(by: str, options: DecodingOptions) -> list[str]:
+        if (by, options) not in made:
+            made[by, options] = Translator(engine if by == "ct2" else model, tokenizer, options).translate(sources)
+        return made[by, options]
+
+    return translated
+
+
 def test_the_hugging_face_folder_loads_with_from_pretrained_and_gives_our_logits(
-    trained: Path, exported: dict[str, Path], sources: list[str]
+    ours: tuple[Transformer, Tokenizer], hf: transformers.MarianMTModel, exported: dict[str, Path], sources: list[str]
 ) -> None:
-    model, tokenizer, _ = load_model(trained)
-    hf = transformers.MarianMTModel.from_pretrained(exported["hf"]).eval()
+    model, tokenizer = ours
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(exported["hf"])
     batch = hf_tokenizer(sources[:8], return_tensors="pt", padding=True)
     # The same ids as ours, EOS appended; the batch is right-padded (lengths differ).
@@ -87,24 +125,26 @@ def test_the_hugging_face_folder_loads_with_from_pretrained_and_gives_our_logits
     targets = [[tokenizer.bos_id, *row] for row in tokenizer.encode(["Ein Mann fährt Fahrrad ."] * 8)]
     tgt_in = torch.tensor(targets)
     with torch.no_grad():
-        ours = model(batch.input_ids, tgt_in)
+        logits = model(batch.input_ids, tgt_in)
         theirs = hf(**batch, decoder_input_ids=tgt_in).logits
-    assert ours.shape == theirs.shape
-    assert (ours - theirs).abs().max().item() < 1e-4
+    assert logits.shape == theirs.shape
+    assert (logits - theirs).abs().max().item() < 1e-4
 
 
 @pytest.mark.parametrize("options", [GREEDY, BEAM4_NO_PENALTY], ids=["greedy", "beam4"])
 def test_greedy_and_beam_translations_of_both_exports_equal_ours_line_for_line(
-    trained: Path, exported: dict[str, Path], sources: list[str], options: DecodingOptions
+    ours: tuple[Transformer, Tokenizer],
+    hf: transformers.MarianMTModel,
+    translations: Callable[[str, DecodingOptions], list[str]],
+    sources: list[str],
+    options: DecodingOptions,
 ) -> None:
-    model, tokenizer, _ = load_model(trained)
-    ours = Translator(model, tokenizer, options).translate(sources)
-    engine = Translator(EngineModel(exported["ct2"]), tokenizer, options).translate(sources)
-    hf = transformers.MarianMTModel.from_pretrained(exported["hf"]).eval()
+    tokenizer = ours[1]
+    mine = translations("aiayn", options)
     generated = tokenizer.decode(generate_ids(hf, tokenizer.encode(sources), options, tokenizer))
-    assert len(ours) == 400 and len(set(ours)) > 300  # real, varied translations
-    assert engine == ours
-    assert generated == ours
+    assert len(mine) == 400 and len(set(mine)) > 300  # real, varied translations
+    assert translations("ct2", options) == mine
+    assert generated == mine
 
 
 def gnmt_score(model: torch.nn.Module, src: list[int], hypothesis: list[int], alpha: float) -> float:
@@ -112,34 +152,36 @@ def gnmt_score(model: torch.nn.Module, src: list[int], hypothesis: list[int], al
 
 
 def test_with_the_paper_length_penalty_the_engines_differ_only_where_gnmt_prefers_ours(
-    trained: Path, exported: dict[str, Path], sources: list[str]
+    ours: tuple[Transformer, Tokenizer], hf: transformers.MarianMTModel, engine: EngineModel, sources: list[str]
 ) -> None:
     """CTranslate2 and ``generate`` divide log P by |Y|^α, we by GNMT's ((5 + |Y|) / 6)^α, and they stop
     a sentence once beam-size hypotheses have ended (we: once no live beam can win). The beams are the
     same (ranked by log P in all three), so where a translation differs, ours scores at least as well
     as theirs by GNMT's score, which is what ours maximises."""
-    model, tokenizer, _ = load_model(trained)
+    model, tokenizer = ours
     rows = tokenizer.encode(sources)
-    ours = Translator(model, tokenizer, PAPER).translate_ids(rows)
-    hf = transformers.MarianMTModel.from_pretrained(exported["hf"]).eval()
-    for theirs in (EngineModel(exported["ct2"]).translate_ids(rows, PAPER), generate_ids(hf, rows, PAPER, tokenizer)):
-        differing = [i for i in range(len(rows)) if theirs[i] != ours[i]]
+    mine = Translator(model, tokenizer, PAPER).translate_ids(rows)
+    for theirs in (engine.translate_ids(rows, PAPER), generate_ids(hf, rows, PAPER, tokenizer)):
+        differing = [i for i in range(len(rows)) if theirs[i] != mine[i]]
         assert len(differing) <= 0.05 * len(rows)
         for i in differing:
-            assert gnmt_score(model, rows[i], ours[i], 0.6) >= gnmt_score(model, rows[i], theirs[i], 0.6) - 1e-4
+            assert gnmt_score(model, rows[i], mine[i], 0.6) >= gnmt_score(model, rows[i], theirs[i], 0.6) - 1e-4
 
 
 def test_exported_folders_record_their_source_and_int8_keeps_the_translations(
-    trained: Path, exported: dict[str, Path], sources: list[str]
+    trained: Path,
+    ours: tuple[Transformer, Tokenizer],
+    exported: dict[str, Path],
+    translations: Callable[[str, DecodingOptions], list[str]],
+    sources: list[str],
 ) -> None:
     record = json.loads((exported["ct2"] / "aiayn.json").read_text())
     assert record["checkpoint"] == str(trained.resolve())
     assert [Path(source["path"]).name for source in record["averaged_from"]] == ["step0000200.ckpt", "step0000400.ckpt"]
     assert record["model"]["d_model"] == 64 and record["run_config"]["data"]["tgt_lang"] == "de"
     assert (exported["int8"] / "model.bin").stat().st_size < 0.5 * (exported["ct2"] / "model.bin").stat().st_size
-    tokenizer = load_model(trained)[1]
-    full = Translator(EngineModel(exported["ct2"]), tokenizer, GREEDY).translate(sources)
-    int8 = Translator(EngineModel(exported["int8"]), tokenizer, GREEDY).translate(sources)
+    full = translations("ct2", GREEDY)
+    int8 = Translator(EngineModel(exported["int8"]), ours[1], GREEDY).translate(sources)
     assert sum(a == b for a, b in zip(full, int8, strict=True)) >= 0.9 * len(sources)
 
 
@@ -151,16 +193,22 @@ def test_a_folder_that_exists_is_never_written_into(trained: Path, exported: dic
     assert [path.name for path in exported["hf"].parent.iterdir() if path.name.startswith(".")] == []
 
 
-def test_a_variant_the_target_cannot_represent_is_refused_in_one_line(trained: Path, tmp_path: Path) -> None:
-    """A shared rotary-position checkpoint: neither MarianMTModel nor CTranslate2's Transformer has RoPE."""
+def test_a_variant_the_target_cannot_represent_is_refused_in_one_line(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A shared rotary-position checkpoint: neither MarianMTModel nor CTranslate2's Transformer has RoPE.
+    (``aiayn-export``'s main in this process: its console script runs for the ``exported`` fixture.)"""
     checkpoint = load_checkpoint(trained)
     checkpoint["hyper_parameters"]["model"]["positional"] = "rope"
     rope = tmp_path / "rope.ckpt"
     save_checkpoint(checkpoint, rope)
-    done = export(rope, tmp_path / "hf", "format=hf")
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert done.stderr.startswith("aiayn-export: error: model.positional=rope cannot be exported to format=hf")
-    assert done.stderr.strip().count("\n") == 0
+    monkeypatch.setattr(sys, "argv", ["aiayn-export", f"checkpoint={rope}", f"output={tmp_path / 'hf'}", "format=hf"])
+    with pytest.raises(SystemExit) as stopped:
+        export_cli.main()
+    stderr = capsys.readouterr().err
+    assert stopped.value.code == 2, stderr[-2000:]
+    assert stderr.startswith("aiayn-export: error: model.positional=rope cannot be exported to format=hf")
+    assert stderr.strip().count("\n") == 0
     with pytest.raises(ValueError, match=r"^model.positional=rope cannot be exported to format=ctranslate2"):
         export_checkpoint(rope, "ctranslate2", tmp_path / "ct2")
     assert list(tmp_path.iterdir()) == [rope]  # no folder, not even a half-written one
@@ -191,18 +239,21 @@ def run_cli(program: str, *args: str, stdin: str | None = None) -> subprocess.Co
 def test_translate_and_eval_decode_through_the_engine(
     trained: Path,
     exported: dict[str, Path],
+    translations: Callable[[str, DecodingOptions], list[str]],
     sources: list[str],
     corpus_root: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    no_penalty = DecodingOptions(alpha=0.0)
-    ours = Translator(*load_model(trained)[:2], no_penalty).translate(sources[:50])
+    no_penalty = DecodingOptions(alpha=0.0)  # decoding.alpha=0 below
+    assert no_penalty == BEAM4_NO_PENALTY
+    mine = translations("aiayn", no_penalty)
     text = "".join(line + "\n" for line in sources[:50])
     from_folder = run_cli("aiayn-translate", f"checkpoint={exported['ct2']}", "decoding.alpha=0", stdin=text).stdout
-    assert from_folder == "".join(line + "\n" for line in ours)
+    assert from_folder == "".join(line + "\n" for line in mine[:50])
     engine, tokenizer, _ = load_translation_model(trained, backend="ctranslate2")  # converted on the fly
-    assert isinstance(engine, EngineModel) and Translator(engine, tokenizer, no_penalty).translate(sources[:50]) == ours
+    assert isinstance(engine, EngineModel)
+    assert Translator(engine, tokenizer, no_penalty).translate(sources[:50]) == mine[:50]
 
     argv = ["aiayn-eval", f"checkpoint={exported['ct2']}", f"data.root={corpus_root}", "split=test",
             "decoding.alpha=0", f"output_dir={tmp_path}"]  # fmt: skip
@@ -214,7 +265,8 @@ def test_translate_and_eval_decode_through_the_engine(
         read_lines(corpus_root / "test_2016_flickr.en"),
         read_lines(corpus_root / "test_2016_flickr.de"),
     )
-    hypotheses = Translator(*load_model(trained)[:2], no_penalty).translate(test_sources)
+    assert sources[100:200] == test_sources
+    hypotheses = mine[100:200]
     assert report["backend"] == "ctranslate2" and ".ct2-float32." in report["hypotheses"]
     assert report["sacrebleu"] == pytest.approx(corpus_scores(hypotheses, references)["sacrebleu"], abs=1e-9)
     assert report["sacrebleu"] > 50
@@ -229,13 +281,16 @@ def test_the_engine_refuses_what_it_cannot_do(trained: Path, exported: dict[str,
         load_translation_model(trained, backend="onnx")
 
 
-def test_the_decoding_benchmark_races_the_engines_on_real_translations(trained: Path, corpus_root: Path) -> None:
+def test_the_decoding_benchmark_races_the_engines_on_real_translations(
+    trained: Path, corpus_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """benchmarks/decoding.py in this process (``runpy``), as ``python benchmarks/decoding.py`` runs it."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "decoding.py"
-    command = [sys.executable, str(script), "--checkpoint", str(trained), "--source", str(corpus_root / "val.en"),
-               "--reference", str(corpus_root / "val.de"), "--sentences", "20", "--rounds", "1"]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    argv = [str(script), "--checkpoint", str(trained), "--source", str(corpus_root / "val.en"),
+            "--reference", str(corpus_root / "val.de"), "--sentences", "20", "--rounds", "1"]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    runpy.run_path(str(script), run_name="__main__")
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     names = {"aiayn", "transformers generate", "ctranslate2 float32", "ctranslate2 int8"}
     assert set(result["sentences_per_s"]) == names and result["speedup"]["aiayn"] == 1.0
     # beam 4 with α = 0.6: the engines may pick another hypothesis of a few sentences (see the test above)
@@ -243,15 +298,23 @@ def test_the_decoding_benchmark_races_the_engines_on_real_translations(trained: 
     assert result["sacrebleu"]["ctranslate2 float32"] == pytest.approx(result["sacrebleu"]["aiayn"], abs=3.0)
 
 
+@pytest.fixture(scope="module")
+def small_vocabulary(corpus_root: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[list[str], Tokenizer]:
+    """100 training sentences and a 200-piece tokenizer trained on them."""
+    lines = read_lines(corpus_root / "train.en")[:100]
+    return lines, Tokenizer.train(lines, 200, tmp_path_factory.mktemp("small-vocabulary") / "spm.model")
+
+
 @pytest.mark.parametrize(
     "variant", [{"positional": "learned"}, {"norm_first": True}, {"positional": "learned", "norm_first": True}]
 )
-def test_ctranslate2_takes_learned_positions_and_pre_ln(variant: dict, corpus_root: Path, tmp_path: Path) -> None:
+def test_ctranslate2_takes_learned_positions_and_pre_ln(
+    variant: dict, small_vocabulary: tuple[list[str], Tokenizer]
+) -> None:
     """Variants MarianMTModel lacks go through CTranslate2's own spec: the engine's log-probabilities of
     given translations are ours, and its greedy translations too (of a random model, whose scaled-up
     embeddings make its predictions decided)."""
-    lines = read_lines(corpus_root / "train.en")[:100]
-    tokenizer = Tokenizer.train(lines, 200, tmp_path / "spm.model")
+    lines, tokenizer = small_vocabulary
     torch.manual_seed(0)
     cfg = TransformerConfig(vocab_size=tokenizer.vocab_size, n_layers=2, d_model=32, d_ff=64, n_heads=4, d_k=8, d_v=8,
                             max_positions=128, **variant)  # fmt: skip

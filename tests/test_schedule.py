@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.plugins import MixedPrecision
 
+from aiayn.model import TransformerConfig
 from aiayn.training.module import TranslationModule
 from aiayn.training.schedule import NoamSchedule
 
@@ -37,13 +39,15 @@ def test_scale_and_warmup_are_configurable() -> None:
 
 @pytest.mark.parametrize("bad", [(0, 4000, 1.0), (512, 0, 1.0), (512, 4000, 0.0)])
 def test_rejects_non_positive_settings(bad: tuple[int, int, float]) -> None:
-    with pytest.raises(ValueError):
+    d_model, warmup, scale = bad
+    expected = f"NoamSchedule needs positive d_model, warmup and scale, got {d_model}, {warmup}, {scale}"
+    with pytest.raises(ValueError, match=f"^{re.escape(expected)}$"):
         NoamSchedule(*bad)
 
 
 def tiny_module() -> TranslationModule:
-    model = {"vocab_size": 50, "n_layers": 1, "d_model": 16, "d_ff": 32, "n_heads": 2, "d_k": 8, "d_v": 8}
-    return TranslationModule(model=model, bos_id=2, eos_id=3)
+    model = TransformerConfig(vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8)
+    return TranslationModule(model=TransformerConfig(**model), bos_id=2, eos_id=3)
 
 
 def test_adam_has_the_papers_settings_and_is_fused_unless_lightning_must_unscale_gradients() -> None:
