@@ -21,6 +21,7 @@ from aiayn.cli import summary as summary_cli
 from aiayn.data.corpus import read_lines
 from aiayn.errors import show
 from aiayn.training.checkpoints import RUN_KEY
+from helpers.runs import exit_status
 
 SPLIT_FILES = ("train", "val", "test_2016_flickr")
 
@@ -67,12 +68,7 @@ def crafted(smoke_run_dir: Path, tmp_path: Path) -> Callable[[Callable[[dict[str
 def evaluate(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
     """``aiayn-eval`` in this process, greedy and at most 3 tokens past the source: status, stdout, stderr."""
     fast = ["decoding=greedy", "decoding.max_len_offset=3", "device=cpu"]
-    monkeypatch.setattr(sys, "argv", ["aiayn-eval", *fast, *argv])
-    try:
-        evaluate_cli.main()
-        status = 0
-    except SystemExit as stopped:
-        status = stopped.code
+    status = exit_status(evaluate_cli.main, ["aiayn-eval", *fast, *argv], monkeypatch)
     out = capsys.readouterr()
     return status, out.out, out.err
 

@@ -20,7 +20,6 @@ import os
 import random
 import resource
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ import yaml
 from aiayn.errors import CheckpointError
 from aiayn.training.checkpoints import directly_inside
 from aiayn.training.restored_state import RestoredState
-from helpers.runs import SMOKE_RUN_EXTRA, smoke_run, train_in_process
+from helpers.runs import SMOKE_RUN_EXTRA, exit_status, smoke_run, train_in_process
 
 SEED = int(os.environ.get("AIAYN_MUTATION_SEED") or random.SystemRandom().randrange(2**31))
 Leaf = tuple[Any, ...]
@@ -137,17 +136,6 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def command(main: Callable[[], Any], argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
-    """A console script's ``main()`` in this process with ``argv``: its exit status. Anything but
-    SystemExit escaping it is a traceback the user would see, and fails the test."""
-    monkeypatch.setattr(sys, "argv", argv)
-    try:
-        main()
-    except SystemExit as stopped:
-        return 0 if stopped.code is None else stopped.code
-    return 0
-
-
 def assert_clean_exit(status: int, err: str, what: str) -> None:
     assert status in (0, 2), f"{what}: exit {status}\n{err[-2000:]}"
     assert "Traceback" not in err, f"{what}: a traceback\n{err[-2000:]}"
@@ -245,7 +233,7 @@ def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
              f"output={out / 'engine'}"]),
         ]  # fmt: skip
         for program, main, argv in runs:
-            status = command(main, [program, *argv], monkeypatch)
+            status = exit_status(main, [program, *argv], monkeypatch)
             assert_clean_exit(status, capsys.readouterr().err, f"{program} ({what})")
             statuses.append(status)
         if leaf in resumed:
@@ -282,8 +270,9 @@ def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cle
     """Every leaf of a trial's ``results.json`` and ``config.yaml`` and of its sweep's ``sweep.json`` (one
     hostile value each, seeded), then ``aiayn-report`` over the sweep's folder and over the trial's, and
     the sweep's state opened as ``aiayn-sweep`` opens it: a report in ``--out`` and nothing else."""
-    from aiayn.cli import report
     from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState
+
+    from aiayn.cli import report
 
     print(f"mutation seed {SEED} (AIAYN_MUTATION_SEED={SEED} repeats it)")
     rng = random.Random(SEED)
@@ -314,7 +303,7 @@ def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cle
             outside = {name: tree_state(tmp_path / name) for name in ("sentinel", "work", "sweep")}
             for named in (sweep, trial):  # found while walking, and named directly
                 argv = ["aiayn-report", str(named), "--out", str(tmp_path / "report"), "--wandb", "disabled"]
-                assert_clean_exit(command(report.main, argv, monkeypatch), capsys.readouterr().err, what)
+                assert_clean_exit(exit_status(report.main, argv, monkeypatch), capsys.readouterr().err, what)
             try:
                 SweepState.open(sweep, config, tmp_path / "sweep.yaml")
             except SweepError as error:
@@ -336,6 +325,6 @@ def test_an_export_records_only_what_aiayn_average_writes_of_the_sources(
     path = tmp_path / "shared.ckpt"
     torch.save(checkpoint, path)
     argv = ["aiayn-export", f"checkpoint={path}", "format=ctranslate2", f"output={tmp_path / 'engine'}"]
-    assert command(export.main, argv, monkeypatch) == 0, capsys.readouterr().err
+    assert exit_status(export.main, argv, monkeypatch) == 0, capsys.readouterr().err
     recorded = json.loads((tmp_path / "engine" / "aiayn.json").read_text())
     assert recorded["averaged_from"] is None and recorded["global_step"] is None

@@ -20,7 +20,7 @@ from aiayn.config.plan import module_settings
 from aiayn.data.corpus import read_parallel
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.training.checkpoints import RUN_KEY
-from helpers.runs import smoke_run
+from helpers.runs import exit_status, smoke_run
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +72,9 @@ def evaluate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> 
     a folder just as in its own), its exit status and stderr."""
 
     def run(checkpoint: Path, *overrides: str) -> tuple[int, str]:
-        monkeypatch.setattr(sys, "argv", ["aiayn-eval", f"checkpoint={checkpoint}", *FAST, *overrides])
-        try:
-            evaluate_cli.main()
-            status = 0
-        except SystemExit as stopped:
-            status = stopped.code
+        status = exit_status(
+            evaluate_cli.main, ["aiayn-eval", f"checkpoint={checkpoint}", *FAST, *overrides], monkeypatch
+        )
         return status, capsys.readouterr().err
 
     return run

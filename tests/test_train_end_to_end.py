@@ -6,8 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from aiayn.cli import translate as translate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.training.schedule import NoamSchedule
 from helpers.bleu import assert_reported_bleu
+from helpers.runs import exit_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("wandb_offline")]
 
@@ -122,9 +121,9 @@ def test_overfitting_64_pairs_then_translating_them_back_through_a_pipe(
     # process and its pipe are proven above)
     (tmp_path / "src.en").write_text("".join(line + "\n" for line in source), encoding="utf-8")
     (tmp_path / "ref.de").write_text("".join(line + "\n" for line in references), encoding="utf-8")
-    assert run_main(evaluate_cli.main, monkeypatch, "aiayn-eval", f"checkpoint={checkpoint}",
-                    f"source={tmp_path / 'src.en'}", f"reference={tmp_path / 'ref.de'}", "decoding=greedy",
-                    f"output_dir={tmp_path / 'eval'}") == 0  # fmt: skip
+    assert exit_status(evaluate_cli.main, ["aiayn-eval", f"checkpoint={checkpoint}",
+                       f"source={tmp_path / 'src.en'}", f"reference={tmp_path / 'ref.de'}", "decoding=greedy",
+                       f"output_dir={tmp_path / 'eval'}"], monkeypatch) == 0  # fmt: skip
     evaluated = capsys.readouterr().out
     (report_file,) = (tmp_path / "eval").glob("averaged.src.en.beam1-alpha0.0.*.json")
     report = json.loads(report_file.read_text())
@@ -135,8 +134,8 @@ def test_overfitting_64_pairs_then_translating_them_back_through_a_pipe(
     # a file given as input= is split at line feeds only, as stdin is: a stray carriage return stays inside
     with_cr = [*source[:10], source[10] + "\r" + source[11], *source[12:]]
     (tmp_path / "cr.en").write_text("".join(line + "\n" for line in with_cr), encoding="utf-8", newline="")
-    code = run_main(translate_cli.main, monkeypatch, "aiayn-translate", f"checkpoint={checkpoint}",
-                    f"input={tmp_path / 'cr.en'}", f"output={tmp_path / 'cr.de'}")  # fmt: skip
+    code = exit_status(translate_cli.main, ["aiayn-translate", f"checkpoint={checkpoint}",
+                       f"input={tmp_path / 'cr.en'}", f"output={tmp_path / 'cr.de'}"], monkeypatch)  # fmt: skip
     assert code == 0 and capsys.readouterr().out == ""
     out = (tmp_path / "cr.de").read_text(encoding="utf-8").splitlines()
     assert len(out) == 63 and out[:10] == references[:10] and out[11:] == references[12:]
@@ -149,17 +148,7 @@ def test_overfitting_64_pairs_then_translating_them_back_through_a_pipe(
         (evaluate_cli.main, ["aiayn-eval", f"checkpoint={tmp_path / 'none.ckpt'}"],
          f"aiayn-eval: error: checkpoint {tmp_path / 'none.ckpt'} does not exist"),
     ):  # fmt: skip
-        code = run_main(main, monkeypatch, *argv)
+        code = exit_status(main, argv, monkeypatch)
         stderr = capsys.readouterr().err
         assert code == 2 and stderr.startswith(message), stderr[-3000:]
         assert len(stderr.strip().splitlines()) == 1
-
-
-def run_main(main: Callable[[], None], monkeypatch: pytest.MonkeyPatch, *argv: str) -> int | str | None:
-    """A console script's ``main`` run in this process with ``argv``; its exit status (0 if it returned)."""
-    monkeypatch.setattr(sys, "argv", list(argv))
-    try:
-        main()
-    except SystemExit as stopped:
-        return stopped.code
-    return 0

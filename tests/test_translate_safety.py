@@ -19,6 +19,7 @@ import pytest
 from aiayn.cli import translate as translate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.evaluation.translator import Translator, longest_piece
+from helpers.runs import exit_status
 
 pytestmark = pytest.mark.slow  # real runs of the console scripts, seconds each
 
@@ -41,12 +42,8 @@ def translate(checkpoint: Path, *overrides: str, stdin: bytes = b"") -> subproce
 
 def translated_here(checkpoint: Path, monkeypatch: pytest.MonkeyPatch, *overrides: str) -> int:
     """``aiayn-translate`` in this process, reading and writing files: its exit status."""
-    monkeypatch.setattr(sys, "argv", ["aiayn-translate", f"checkpoint={checkpoint}", "decoding=greedy", *overrides])
-    try:
-        translate_cli.main()
-    except SystemExit as stopped:
-        return stopped.code
-    return 0
+    argv = ["aiayn-translate", f"checkpoint={checkpoint}", "decoding=greedy", *overrides]
+    return exit_status(translate_cli.main, argv, monkeypatch)
 
 
 @pytest.fixture

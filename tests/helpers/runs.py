@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -58,15 +59,22 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
     return copy
 
 
+def exit_status(main: Callable[[], object], argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
+    """A console script's ``main`` run in this process with ``argv`` (the program's name first): its exit
+    status, 0 when it returns. Anything but SystemExit escaping it is a traceback the user would see, and
+    fails the test."""
+    monkeypatch.setattr(sys, "argv", argv)
+    try:
+        main()
+    except SystemExit as stopped:
+        return 0 if stopped.code is None else stopped.code
+    return 0
+
+
 def train_in_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """``aiayn-train`` run in this process, without Hydra's logging setup (it would keep handlers on
     pytest's captured streams); its exit status."""
     from aiayn.cli import train as train_cli
 
     quiet = ["hydra/job_logging=none", "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv, *quiet])
-    try:
-        train_cli.main()
-    except SystemExit as stopped:
-        return stopped.code
-    return 0
+    return exit_status(train_cli.main, ["aiayn-train", *argv, *quiet], monkeypatch)
