@@ -270,9 +270,8 @@ def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cle
     """Every leaf of a trial's ``results.json`` and ``config.yaml`` and of its sweep's ``sweep.json`` (one
     hostile value each, seeded), then ``aiayn-report`` over the sweep's folder and over the trial's, and
     the sweep's state opened as ``aiayn-sweep`` opens it: a report in ``--out`` and nothing else."""
-    from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState
-
     from aiayn.cli import report
+    from aiayn.experiments.sweeps.state import STATE_FILE, SweepError, SweepState
 
     print(f"mutation seed {SEED} (AIAYN_MUTATION_SEED={SEED} repeats it)")
     rng = random.Random(SEED)

@@ -31,6 +31,14 @@ LAYERS = (
     "cli",
 )
 LEAVES = ("errors", "files", "scoring", "machine")
+# Rooms of a layer: sub-packages that hold one concern each, and the only modules of the layer they import.
+ROOMS = {
+    "experiments": {
+        "sweeps": {"aiayn.experiments.sweeps"},  # sweep files, state, trials, runner, launchers, placement
+        "report": {"aiayn.experiments.report", "aiayn.experiments.sweeps.state", "aiayn.experiments.table3"},
+    },
+}
+LIGHTNING = ("pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics")
 
 
 def layer_of(module: str) -> str:
@@ -38,14 +46,14 @@ def layer_of(module: str) -> str:
     return module.split(".")[1]
 
 
-def imports_of(path: Path) -> set[str]:
-    """The aiayn modules a file imports, at its top or inside functions."""
+def imports_of(path: Path, package: str = "aiayn") -> set[str]:
+    """The modules of ``package`` a file imports, at its top or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiayn.") and not node.level:
-            found.add(node.module)
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} if node.module.split(".")[0] == package else set()
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names if alias.name.startswith("aiayn.")}
+            found |= {alias.name for alias in node.names if alias.name.split(".")[0] == package}
     return found
 
 
@@ -66,6 +74,63 @@ def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None
     allowed = set(LAYERS[: LAYERS.index(own) + 1]) - ({own} if own in LEAVES else set())
     wrong = sorted(module for module in imports_of(path) if layer_of(module) not in allowed)
     assert not wrong, f"{own} may import {sorted(allowed)}; {path.name} imports {wrong}"
+
+
+def room_modules() -> list[tuple[str, str, Path]]:
+    return [
+        (layer, room, path)
+        for layer, rooms in ROOMS.items()
+        for room in rooms
+        for path in sorted((PACKAGE / layer / room).rglob("*.py"))
+    ]
+
+
+def room_id(value: str | Path) -> str:
+    return value.name if isinstance(value, Path) else value
+
+
+def test_the_rooms_of_a_layer_are_its_sub_packages() -> None:
+    for layer, rooms in ROOMS.items():
+        found = {p.name for p in (PACKAGE / layer).iterdir() if p.is_dir() and p.name != "__pycache__"}
+        assert found == set(rooms) and all((PACKAGE / layer / room / "__init__.py").is_file() for room in rooms)
+
+
+@pytest.mark.parametrize(("layer", "room", "path"), room_modules(), ids=room_id)
+def test_a_room_imports_of_its_layer_only_what_it_names(layer: str, room: str, path: Path) -> None:
+    """Sweeps import nothing of the report or of a training run; the report reads sweeps only through
+    their state module (the one owner of ``sweep.json``)."""
+    own = f"aiayn.{layer}"
+    allowed = ROOMS[layer][room]
+    wrong = sorted(
+        module
+        for module in imports_of(path)
+        if layer_of(module) == layer and not any(module == a or module.startswith(f"{a}.") for a in allowed)
+    )
+    assert not wrong, f"{own}.{room} may import of {own} only {sorted(allowed)}; {path.name} imports {wrong}"
+
+
+@pytest.mark.parametrize(("layer", "room", "path"), room_modules(), ids=room_id)
+def test_no_room_imports_lightning(layer: str, room: str, path: Path) -> None:
+    """aiayn-sweep and aiayn-report train nothing: their rooms import no Lightning, not even inside a
+    function, and of the training layer only its Lightning-free metrics module."""
+    found = set().union(*(imports_of(path, package) for package in LIGHTNING))
+    training = {module for module in imports_of(path) if layer_of(module) == "training"}
+    assert not found and training <= {"aiayn.training.metrics"}, (found, training)
+
+
+def test_the_sweep_runner_and_the_report_start_without_lightning() -> None:
+    modules = ["aiayn.cli.sweep", "aiayn.cli.report", "aiayn.experiments.sweeps.runner"]
+    modules += ["aiayn.experiments.report.document"]
+    script = "\n".join(
+        [
+            "import importlib, sys",
+            *(f"importlib.import_module({module!r})" for module in modules),
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {LIGHTNING!r}))",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_the_model_imports_without_hydra_omegaconf_or_lightning() -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +12,17 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
+from aiayn.cli import report as report_cli
 from aiayn.config.compose import compose_run_config
 from aiayn.data.corpus import read_lines
-from aiayn.experiments.report import write_report
+from aiayn.experiments.report.document import write_report
 from helpers.wandb_records import offline_runs
+
+
+@functools.cache
+def composed(overrides: tuple[str, ...]) -> str:
+    """The resolved config of ``overrides`` (a setting's, without the seed) as YAML: composed once."""
+    return OmegaConf.to_yaml(compose_run_config(list(overrides)))
 
 
 def fake_run(
@@ -32,7 +38,11 @@ def fake_run(
     ``results``, e.g. ``evaluated``; without, as an older aiayn-train wrote it) and, given
     ``hypotheses``, its test.hyp.txt."""
     folder.mkdir(parents=True)
-    OmegaConf.save(compose_run_config(overrides), folder / "config.yaml")
+    config = OmegaConf.create(composed(tuple(o for o in overrides if not o.startswith("seed="))))
+    config.seed = config.data.seed = next(
+        (int(o.split("=")[1]) for o in overrides if o.startswith("seed=")), config.seed
+    )
+    OmegaConf.save(config, folder / "config.yaml")
     scores = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
     (folder / "results.json").write_text(json.dumps({**scores, "wall_s": 420.0, "overrides": overrides, **results}))
     (folder / ".hydra").mkdir()
@@ -64,7 +74,8 @@ def positional_sweep(tmp_path: Path) -> Path:
 
 
 def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep: Path) -> None:
-    markdown, plots = write_report([positional_sweep], positional_sweep)
+    written = write_report([positional_sweep], positional_sweep)
+    markdown, plots = written.markdown, written.plots
     rows = table_rows(markdown)
     assert list(rows) == ["model.positional=sinusoidal", "model.positional=learned", "model.positional=none"]
     base, learned, none = rows.values()
@@ -91,7 +102,8 @@ def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
         fake_run(tmp_path / "heads" / row, [f"experiment=mini/{row}", "seed=1"], bleu, 10.0)
     for row in ("C1", "C3", "base"):
         fake_run(tmp_path / "size" / row, [f"experiment=mini/{row}", "seed=1"], 20.0, 10.0, params=int(1e6))
-    markdown, plots = write_report([tmp_path / "heads"], tmp_path / "heads")
+    written = write_report([tmp_path / "heads"], tmp_path / "heads")
+    markdown, plots = written.markdown, written.plots
     assert [p.name for p in plots] == ["bleu_ppl_vs_heads.png"]  # rows A change d_k with h: one axis
     rows = table_rows(markdown)
     assert list(rows) == ["experiment=mini/base", "experiment=mini/A1", "experiment=mini/A2", "experiment=mini/A4"]
@@ -101,18 +113,18 @@ def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
         "",
     )
     assert rows["experiment=mini/A4"]["paper BLEU"] == "25.4"
-    _, plots = write_report([tmp_path / "size"], tmp_path / "size")
+    plots = write_report([tmp_path / "size"], tmp_path / "size").plots
     assert [p.name for p in plots] == ["bleu_ppl_vs_size.png"]
     fake_run(tmp_path / "size" / "B1", ["experiment=mini/B1", "seed=1"], 20.0, 10.0)
     fake_run(tmp_path / "size" / "D1", ["experiment=mini/D1", "seed=1"], 20.0, 10.0)
-    _, plots = write_report([tmp_path / "size"], tmp_path / "size")  # D1 is on no axis; B1 alone on d_k
+    plots = write_report([tmp_path / "size"], tmp_path / "size").plots  # D1 is on no axis; B1 alone on d_k
     assert [p.name for p in plots] == ["bleu_ppl_vs_d_k.png", "bleu_ppl_vs_size.png"]
 
 
 def test_runs_found_twice_count_once_and_seeds_group_whatever_the_order(positional_sweep: Path, tmp_path: Path) -> None:
     one_run = positional_sweep / "model.positional=none,seed=1"
     fake_run(tmp_path / "again", ["++seed=2", "model.positional=none", "experiment=mini/base"], 7.0, 30.0)
-    markdown, _ = write_report([positional_sweep, one_run, tmp_path / "again"], tmp_path / "out")
+    markdown = write_report([positional_sweep, one_run, tmp_path / "again"], tmp_path / "out").markdown
     rows = table_rows(markdown)
     assert (
         rows["model.positional=none"]["seeds"] == "2" and rows["model.positional=none"]["BLEU (val)"] == "6.00 ± 1.41"
@@ -120,18 +132,27 @@ def test_runs_found_twice_count_once_and_seeds_group_whatever_the_order(position
 
 
 def test_the_cli_reports_to_w_and_b_and_refuses_folders_without_runs(
-    positional_sweep: Path, tmp_path: Path, wandb_offline: None
+    positional_sweep: Path, tmp_path: Path, wandb_offline: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "report"
-    command = [sys.executable, "-m", "aiayn.cli.report", str(positional_sweep), "--out", str(out), "--wandb", "offline"]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    assert "| model.positional=learned |" in result.stdout and (out / "bleu_ppl_vs_positional.png").is_file()
+    report_cli.main([str(positional_sweep), "--out", str(out), "--wandb", "offline"])
+    printed = capsys.readouterr().out
+    assert "| model.positional=learned |" in printed and (out / "bleu_ppl_vs_positional.png").is_file()
     (run,) = offline_runs(out)
-    assert run.media("table") and run.media("images")
+    (table,) = run.media("table")  # W&B's table holds the cells report.md shows
+    logged = json.loads(table.read_text())
+    markdown = [line for line in (out / "report.md").read_text().splitlines() if line.startswith("| ")]
+    header, *rows = [[cell.strip() for cell in line.strip("|").split(" | ")] for line in markdown]
+    assert logged["columns"] == header and logged["data"] == rows and len(rows) == 3
+    (image,) = run.media("images")  # the one plot, logged under its file's name
+    assert image.name.startswith("bleu_ppl_vs_positional_")
     empty = tmp_path / "empty"
     empty.mkdir()
-    result = subprocess.run([sys.executable, "-m", "aiayn.cli.report", str(empty)], capture_output=True, text=True)
-    assert result.returncode == 2 and "no finished run (a folder with results.json)" in result.stderr
+    with pytest.raises(SystemExit, match=r"^2$"):  # the exit status of a usage error
+        report_cli.main([str(empty)])
+    assert capsys.readouterr().err == (
+        f"aiayn-report: error: no finished run (a folder with results.json) under {empty}\n"
+    )
 
 
 def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_validation_too(tmp_path: Path) -> None:
@@ -145,7 +166,7 @@ def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_va
             extra = {} if recorded is None else {"evaluated": recorded[0], "best_val_bleu": recorded[1]}
             overrides = ["model=tiny", f"model.positional={encoding}", f"seed={seed}"]  # no paper rows to match
             fake_run(tmp_path / "sweep" / f"{encoding},{seed}", overrides, 20.0, 9.0, **extra)
-    markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "sweep")
+    markdown = write_report([tmp_path / "sweep"], tmp_path / "sweep").markdown
     rows = table_rows(markdown)
     base, learned = (rows[f"model.positional={encoding}"] for encoding in ("sinusoidal", "learned"))
     # seeds scored on different checkpoints are two settings, never one mean: the label tells them apart
@@ -162,7 +183,7 @@ def test_the_checkpoint_scored_is_named_and_a_final_checkpoint_shows_the_best_va
     assert "BLEU (val, best): the best validation BLEU any validation of the run saw" in markdown
     only_best = tmp_path / "best"
     fake_run(only_best / "a", ["model=tiny", "seed=1"], 20.0, 9.0, evaluated="best", best_val_bleu=20.0)
-    markdown, _ = write_report([only_best], only_best)
+    markdown = write_report([only_best], only_best).markdown
     assert "BLEU (val, best)" not in markdown and table_rows(markdown)["(as configured)"]["checkpoint"] == "best"
 
 
@@ -181,7 +202,7 @@ def test_without_a_paired_test_the_p_value_is_a_dash_and_the_reason_is_given(tmp
     fake_run(sweep / "fewer,2", fewer, 20.0, 9.0, hypotheses=references[:8])
     shorter = ["model=tiny", *corpus, "model.d_ff=16", "seed=1"]
     fake_run(sweep / "shorter,1", shorter, 20.0, 9.0, hypotheses=references[:15])
-    markdown, _ = write_report([sweep], sweep, data_root=corpus_root)
+    markdown = write_report([sweep], sweep, data_root=corpus_root).markdown
     here, gone_corpus = (f"[corpus=Multi30k {root} (test split test)]" for root in (corpus_root, tmp_path / "gone"))
     first, *others = table_rows(markdown).values()
     assert first["setting"] == f"data.eval_limit=16 {here}" and first["p (test)"] == ""  # the baseline
@@ -217,7 +238,7 @@ def test_every_plotted_point_has_its_error_bar(tmp_path: Path, monkeypatch: pyte
             return _draw(self, x, y, *args, **kwargs)
 
         monkeypatch.setattr(matplotlib.axes.Axes, name, spy)
-    _, plots = write_report([tmp_path], tmp_path)
+    plots = write_report([tmp_path], tmp_path).plots
     assert [p.name for p in plots] == ["bleu_ppl_vs_positional.png"]
     bleu, ppl = drawn  # every point has an error bar: the sample std over seeds, 0 for one seed
     assert bleu == {"sinusoidal": pytest.approx(1.41421356), "learned": pytest.approx(0.35355339), "none": 0.0}

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from aiayn.cli import report as report_cli
-from aiayn.experiments.report import write_report
+from aiayn.experiments.report.document import write_report
 
 DELETE = object()  # a field removed from a record
 FILES = ("config.yaml", "results.json", "test.hyp.txt", ".hydra/hydra.yaml")
@@ -70,6 +70,9 @@ def table_rows(markdown: str) -> dict[str, dict[str, str]]:
     return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
 
 
+REPORT_LOGGER = "aiayn.experiments.report"  # the report's modules log below it
+
+
 def report(argv: list[Any], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """aiayn-report in this process: its exit status, stdout and stderr."""
     try:
@@ -104,7 +107,7 @@ def test_runs_that_differ_in_what_defines_a_run_are_never_averaged(
 ) -> None:
     for seed, ((results, config), bleu) in enumerate(zip(CONDITIONS[condition], (10.0, 30.0), strict=True), 1):
         copied_run(smoke_run_dir, tmp_path / "runs" / f"seed{seed}", seed, bleu, results=results, config=config)
-    markdown, _ = write_report([tmp_path / "runs"], tmp_path / "out")
+    markdown = write_report([tmp_path / "runs"], tmp_path / "out").markdown
     rows = table_rows(markdown)
     assert len(rows) == 2, markdown  # never "20.00 ± 14.14" over both
     assert sorted(row["BLEU (val)"] for row in rows.values()) == ["10.00", "30.00"]
@@ -115,7 +118,7 @@ def test_runs_that_differ_in_what_defines_a_run_are_never_averaged(
     for seed, bleu in ((1, 10.0), (2, 30.0)):
         results, config = CONDITIONS[condition][0]
         copied_run(smoke_run_dir, tmp_path / "alike" / f"seed{seed}", seed, bleu, results=results, config=config)
-    ((label, row),) = table_rows(write_report([tmp_path / "alike"], tmp_path / "out")[0]).items()
+    ((label, row),) = table_rows(write_report([tmp_path / "alike"], tmp_path / "out").markdown).items()
     assert row["seeds"] == "2" and row["BLEU (val)"] == "20.00 ± 14.14" and "[" not in label
 
 
@@ -139,7 +142,7 @@ def test_a_test_bleu_of_part_of_the_test_split_says_so(
 ) -> None:
     results = {"test_sentences": DELETE if test_sentences is None else test_sentences}
     copied_run(smoke_run_dir, tmp_path / "run", 1, results=results, config={"data.eval_limit": eval_limit})
-    markdown, _ = write_report([tmp_path / "run"], tmp_path / "out")
+    markdown = write_report([tmp_path / "run"], tmp_path / "out").markdown
     (row,) = table_rows(markdown).values()
     assert row["test sentences"] == cell
     assert row["BLEU (test)"].endswith(" ‡") is partial
@@ -265,9 +268,9 @@ def test_a_malformed_run_is_skipped_in_one_line_or_refused_where_named(
     spoil, file, says = CASES[case]
     bad = shared / "sweep" / "bad"
     spoil(bad)
-    caplog.set_level(logging.WARNING, "aiayn.experiments.report")
+    caplog.set_level(logging.WARNING, REPORT_LOGGER)
     status, out, err = report([shared, "--out", tmp_path / "out"], capsys)
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "aiayn.experiments.report"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith(REPORT_LOGGER)]
     assert status == 0 and err == f"aiayn-report: warning: {warning}\n", err  # one line
     assert "\n" not in warning and f"{bad.resolve() / file}: " in warning and says in warning, warning
     (row,) = table_rows(out).values()
@@ -292,17 +295,21 @@ def test_a_folder_without_config_named_directly_is_refused(
         "it is not a run of aiayn-train\n"  # fmt: skip
 
 
-SWEEPS = [  # (sweep.json's content, what the one line says)
+TRIAL = {"number": 1, "params": {"seed": 2}, "state": "failed", "run_dir": "bad"}  # as aiayn-sweep writes it
+SWEEPS = [  # (sweep.json's content, what the one line says): read as aiayn-sweep reads it
     ("{", "cannot be parsed"),
-    ({"trials": "x"}, "trials='x' must be a list"),
-    ({"trials": [5]}, "trials[0]=5 must be a mapping"),
-    ({"trials": [{"number": "1"}]}, "number='1'"),
-    ({"trials": [{"number": 1, "state": "failed", "run_dir": "../../etc"}]}, "run_dir='../../etc'"),
-    ({"trials": [{"number": 1, "state": "failed", "run_dir": "local://x"}]}, "run_dir='local://x'"),
-    ({"trials": [{"number": 1, "state": "failed", "run_dir": "/home"}]}, "run_dir='/home'"),
-    ({"trials": [{"number": 1, "state": ["failed"]}]}, "state=['failed']"),
-    ({"trials": [{"number": 1, "state": "failed", "error": {"x": 1}}]}, "error={'x': 1}"),
-    ({"trials": [{"number": -1}]}, "number=-1"),
+    ({}, "unreadable sweep state ('trials')"),
+    ({"trials": "x"}, "must be a mapping, not str"),
+    ({"trials": [5]}, "must be a mapping, not int"),
+    ({"trials": [{"number": 1}]}, "missing 1 required positional argument: 'params'"),
+    ({"trials": [{**TRIAL, "number": "1"}]}, "a trial's number 1 is not a whole number"),
+    ({"trials": [{**TRIAL, "number": -1}]}, "number -1 is not a whole number"),
+    ({"trials": [{**TRIAL, "run_dir": "../../etc"}]}, "run_dir '../../etc' is not a folder inside the sweep's"),
+    ({"trials": [{**TRIAL, "run_dir": "local://x"}]}, "run_dir 'local://x' is not a folder inside the sweep's"),
+    ({"trials": [{**TRIAL, "run_dir": "/home"}]}, "run_dir '/home' is not a folder inside the sweep's"),
+    ({"trials": [{**TRIAL, "run_dir": "a\x00b"}]}, "run_dir 'a\\x00b' is not a folder inside the sweep's"),
+    ({"trials": [{**TRIAL, "state": ["failed"]}]}, "state=['failed'] is not what aiayn-sweep writes there"),
+    ({"trials": [{**TRIAL, "error": {"x": 1}}]}, "error={'x': 1} is not what aiayn-sweep writes there"),
 ]
 
 
@@ -317,9 +324,9 @@ def test_a_malformed_sweep_json_is_skipped_in_one_line_or_refused_where_named(
 ) -> None:
     state = shared / "sweep" / "sweep.json"
     state.write_text(content if isinstance(content, str) else json.dumps(content))
-    caplog.set_level(logging.WARNING, "aiayn.experiments.report")
+    caplog.set_level(logging.WARNING, REPORT_LOGGER)
     status, out, err = report([shared, "--out", tmp_path / "out"], capsys)
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "aiayn.experiments.report"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name.startswith(REPORT_LOGGER)]
     assert status == 0 and err == f"aiayn-report: warning: {warning}\n", err
     assert warning.startswith(f"skipped: {state.resolve()}: ") and says in warning, warning
     assert len(table_rows(out)) == 1  # both runs, one setting of two seeds
@@ -404,7 +411,7 @@ def test_test_references_are_read_only_from_the_data_root_the_user_gives(
         copied_run(smoke_run_dir, tmp_path / "runs" / positional, 1, overrides=overrides, config={"data": data})
     opened.clear()  # from here on, the report's
     for data_root in (None, corpus_root):
-        markdown, _ = write_report([tmp_path / "runs"], tmp_path / "out", data_root=data_root)
+        markdown = write_report([tmp_path / "runs"], tmp_path / "out", data_root=data_root).markdown
         p_value = [row["p (test)"] for row in table_rows(markdown).values()][1]
         reasons = [line for line in markdown.splitlines() if line.startswith("p (test) of ")]
         if data_root is None:  # nothing is read without it

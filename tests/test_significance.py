@@ -20,7 +20,7 @@ from sacrebleu.significance import PairedTest
 
 from aiayn.cli import evaluate as evaluate_cli
 from aiayn.data.corpus import read_lines
-from aiayn.experiments.report import write_report
+from aiayn.experiments.report.document import write_report
 from aiayn.scoring import paired_bootstrap
 
 pytestmark = pytest.mark.usefixtures("wandb_offline")
@@ -215,7 +215,7 @@ def test_the_reports_p_value_is_sacrebleus_on_the_concatenated_seeds(
                 smoke, tmp_path / "sweep" / f"model.positional={positional},seed={seed}", positional, seed, hypotheses
             )
             systems[positional] += hypotheses
-    markdown, _ = write_report([tmp_path / "sweep"], tmp_path / "report", data_root=corpus_root)
+    markdown = write_report([tmp_path / "sweep"], tmp_path / "report", data_root=corpus_root).markdown
     rows = table_rows(markdown)
     first, second = rows  # the first found (learned) is the baseline
     _, other = sacrebleu_directly([systems[first.split("=")[1]], systems[second.split("=")[1]]], tested * 3)

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 
 from aiayn.config.compose import compose_config
-from aiayn.experiments.launchers import SUBMITIT_FOLDER, executor_settings
-from aiayn.experiments.sweep import run_sweep
-from helpers.batch_recorder import recorded
-from test_sweep_safety import TESTS, run_runner, trials, wait_until
+from aiayn.experiments.sweeps.launchers import executor_settings
+from aiayn.experiments.sweeps.runner import run_sweep
+from aiayn.experiments.sweeps.state import STATE_FILE, SUBMITIT_FOLDER, SweepError, SweepState
+from helpers.batch_recorder import HELD, RELEASE, recorded
+from helpers.sweeps import TESTS, run_runner, script_sweep, sweep_main, trials, wait_until
 
 JOB_SWEEP = """\
 name: jobs
@@ -43,7 +44,7 @@ command:
   - debug=smoke
   - data.root={root}
   - data.cache_dir={cache}
-  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'${{oc.env:AIAYN_RUN_DIR}}/batches',pause:0.3}}]"
+  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'${{oc.env:AIAYN_RUN_DIR}}/batches',hold_at:2}}]"
   - ${{args_no_hyphens}}
 """
 
@@ -86,12 +87,11 @@ def test_submitted_trials_survive_their_runner_and_a_preemption(
         ]
         runner = subprocess.Popen(command, cwd=tmp_path, stdout=output, stderr=output, start_new_session=True)
 
-    def training() -> bool:  # both submitted, the first training
-        states = trials(folder) if (folder / "sweep.json").is_file() else []
+    def training() -> bool:  # both submitted, the first held after its second batch
+        states = trials(folder) if (folder / STATE_FILE).is_file() else []
         if len(states) < 2 or not all(t["job_id"] for t in states):
             return False
-        batches = folder / states[0]["run_dir"] / "batches" / "batches.rank0.jsonl"
-        return batches.is_file() and len(batches.read_text().splitlines()) >= 2
+        return (folder / states[0]["run_dir"] / "batches" / HELD).is_file()
 
     wait_until(training, "both jobs submitted and the first training", runner)
     submitted = trials(folder)
@@ -99,6 +99,9 @@ def test_submitted_trials_survive_their_runner_and_a_preemption(
     runner.kill()  # the runner dies; its jobs go on
     runner.wait()
     os.kill(task_of(submitted[0]["job_id"]), signal.SIGUSR2)  # submitit's preemption notice
+    for trial in submitted:  # both go on (the first stops at its next batch; requeued, it passes at once)
+        (folder / trial["run_dir"] / "batches").mkdir(parents=True, exist_ok=True)
+        (folder / trial["run_dir"] / "batches" / RELEASE).touch()
 
     again = run_runner(sweep, tmp_path, "--launcher", "submitit-local", "--parallel", "2")
     assert again.returncode == 0, again.stderr
@@ -139,22 +142,7 @@ if len(attempts.read_text()) == 1:
 
 
 def test_a_job_stopped_at_a_signal_is_submitted_again(tmp_path: Path) -> None:
-    script = tmp_path / "trial.py"
-    script.write_text(STOPPING_TRIAL)
-    sweep = tmp_path / "s.yaml"
-    command = ["${env}", "${interpreter}", "${program}", "hardware=slurm", "trainer.num_nodes=1", "trainer.devices=1"]
-    command += ["${args_no_hyphens}"]
-    sweep.write_text(
-        json.dumps(
-            {
-                "method": "grid",
-                "program": str(script),
-                "metric": {"name": "val/bleu", "goal": "maximize"},
-                "parameters": {"seed": {"values": [1]}},
-                "command": command,
-            }
-        )
-    )
+    sweep = script_sweep(tmp_path, STOPPING_TRIAL, [1], "hardware=slurm", "trainer.num_nodes=1", "trainer.devices=1")
     state = run_sweep(sweep, tmp_path / "sweep", launcher="submitit-local")
     (trial,) = state.trials
     assert trial.state == "finished" and trial.metric == 2.5 and trial.launcher == "submitit-local"
@@ -163,29 +151,21 @@ def test_a_job_stopped_at_a_signal_is_submitted_again(tmp_path: Path) -> None:
     assert len(jobs) == 2 and trial.job_id in jobs  # a second job, not the first one again
 
 
-def test_a_sweep_that_cannot_submit_stops_in_one_line(tmp_path: Path) -> None:
-    script = tmp_path / "trial.py"
-    script.write_text(STOPPING_TRIAL)
-    sweep = tmp_path / "s.yaml"
-    command = ["${env}", "${interpreter}", "${program}", "hardware=slurm", "${args_no_hyphens}"]
-    sweep.write_text(json.dumps({"method": "grid", "program": str(script), "parameters": {"seed": {"values": [1, 2]}},
-                                 "command": command}))  # fmt: skip
-    env = {**os.environ, "PATH": str(tmp_path)}  # no sbatch, no srun: as on a machine without SLURM
-    result = subprocess.run(
-        [sys.executable, "-m", "aiayn.cli.sweep", str(sweep), "--launcher", "slurm"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    (line,) = result.stderr.strip().splitlines()[-1:]
+def test_a_sweep_that_cannot_submit_stops_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = script_sweep(tmp_path, STOPPING_TRIAL, [1, 2], "hardware=slurm")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no srun: as on a machine without SLURM
+    monkeypatch.chdir(tmp_path)
+    status, _, err = sweep_main([sweep, "--launcher", "slurm"], capsys)
+    assert status == 2, err
+    (line,) = err.splitlines()
     assert line.startswith("aiayn-sweep: error: trial-0001 could not be submitted to slurm: ") and "srun" in line
-    assert "Traceback" not in result.stderr
     (trial,) = trials(tmp_path / "outputs" / "sweeps" / "s")  # the second was never proposed
     assert trial["state"] == "failed" and trial["error"].startswith("not submitted: ")
 
 
 def test_a_sweep_state_naming_a_folder_outside_the_sweep_is_refused(tmp_path: Path) -> None:
-    from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState
-
     for record, message in (
         ({"run_dir": "../other-run"}, "run_dir '../other-run' is not a folder inside the sweep's"),
         ({"run_dir": "/etc"}, "run_dir '/etc' is not a folder inside the sweep's"),

@@ -11,16 +11,25 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from aiayn.experiments.placement import DEVICES_ENV, DevicePool, PlacementError, devices_needed
-from aiayn.experiments.sweep import run_sweep
+from aiayn.experiments.sweeps.placement import DEVICES_ENV, DevicePool, PlacementError, devices_needed
+from aiayn.experiments.sweeps.runner import run_sweep
+from helpers.sweeps import script_sweep
 
+MEET = "AIAYN_TEST_MEET"  # a folder: each trial notes its start there and runs on once the others have started
 TRIAL = """\
 import json, os, sys, time
 from pathlib import Path
 folder = Path(os.environ["AIAYN_RUN_DIR"])
 folder.mkdir(parents=True, exist_ok=True)
 start = time.time()
-time.sleep(1.5)
+meet = os.environ.get("AIAYN_TEST_MEET")
+if meet:  # running at once with the others, each ends only after all have started
+    Path(meet, os.path.basename(folder)).touch()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(meet)) < int(os.environ["AIAYN_TEST_MEET_COUNT"]):
+        if time.monotonic() > deadline:
+            sys.exit("the other trials never started")
+        time.sleep(0.02)
 (folder / "placed.json").write_text(json.dumps(
     {"devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "start": start, "end": time.time()}
 ))
@@ -31,21 +40,14 @@ time.sleep(1.5)
 
 
 def placement_sweep(tmp_path: Path, seeds: list[int], *hardware: str) -> Path:
-    script = tmp_path / "trial.py"
-    script.write_text(TRIAL)
-    sweep = tmp_path / "s.yaml"
-    sweep.write_text(
-        json.dumps(
-            {
-                "method": "grid",
-                "program": str(script),
-                "metric": {"name": "val/bleu", "goal": "maximize"},
-                "parameters": {"seed": {"values": seeds}},
-                "command": ["${env}", "${interpreter}", "${program}", *hardware, "${args_no_hyphens}"],
-            }
-        )
-    )
-    return sweep
+    return script_sweep(tmp_path, TRIAL, seeds, *hardware)
+
+
+def meeting(tmp_path: Path, name: str, count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trials of the next sweep run on only once ``count`` of them have started: they overlap."""
+    (tmp_path / name).mkdir()
+    monkeypatch.setenv(MEET, str(tmp_path / name))
+    monkeypatch.setenv(f"{MEET}_COUNT", str(count))
 
 
 def placed(state_folder: Path) -> list[dict]:
@@ -67,6 +69,7 @@ def test_trials_get_disjoint_devices_and_only_as_many_run_as_fit(
 ) -> None:
     monkeypatch.setenv(DEVICES_ENV, "0,1,2,3")
     sweep = placement_sweep(tmp_path, [1, 2], "hardware=gpu", "trainer.devices=2")
+    meeting(tmp_path, "met-four", 2, monkeypatch)
     state = run_sweep(sweep, tmp_path / "four", parallel=2)
     assert [t.state for t in state.trials] == ["finished", "finished"]
     first, second = placed(tmp_path / "four")
@@ -74,6 +77,7 @@ def test_trials_get_disjoint_devices_and_only_as_many_run_as_fit(
     assert sorted(first["devices"].split(",") + second["devices"].split(",")) == ["0", "1", "2", "3"]
 
     monkeypatch.setenv(DEVICES_ENV, "0,1,2")
+    monkeypatch.delenv(MEET)  # the second cannot start while the first runs: it must not wait for it
     state = run_sweep(sweep, tmp_path / "three", parallel=2)
     assert [t.state for t in state.trials] == ["finished", "finished"]
     first, second = placed(tmp_path / "three")
@@ -88,6 +92,7 @@ def test_a_trial_that_cannot_fit_fails_and_cpu_trials_get_no_gpu(
     too_big = run_sweep(placement_sweep(tmp_path, [1], "hardware=gpu8_ddp"), tmp_path / "big")
     (trial,) = too_big.trials
     assert trial.state == "failed" and "it needs 8 devices and this runner has 3 (0, 1, 2)" in trial.error
+    meeting(tmp_path, "met-cpu", 2, monkeypatch)
     cpu = run_sweep(placement_sweep(tmp_path, [1, 2], "hardware=cpu"), tmp_path / "cpu", parallel=2)
     records = placed(tmp_path / "cpu")
     assert [t.devices for t in cpu.trials] == [[], []] and [r["devices"] for r in records] == ["", ""]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,9 +22,11 @@ from pathlib import Path
 import pytest
 
 from aiayn.config.naming import run_label
-from aiayn.experiments.sweep import STATE_FILE, SweepError, SweepState, Trial, default_folder, last_logged
-
-TESTS = Path(__file__).resolve().parent
+from aiayn.experiments.sweeps.file import default_folder
+from aiayn.experiments.sweeps.state import STATE_FILE, SweepError, SweepState, Trial
+from aiayn.experiments.sweeps.trial import last_logged
+from helpers.batch_recorder import HELD, RELEASE
+from helpers.sweeps import TESTS, run_runner, script_sweep, start_runner, sweep_main, trials, wait_until
 
 TRIAL = """\
 import json, os, signal, sys, time
@@ -63,41 +66,7 @@ note("finished")
 
 def fake_sweep(tmp_path: Path, seeds: list[int], *fixed: str) -> Path:
     """A grid over ``seeds`` whose trials are :data:`TRIAL`, with the ``fixed`` arguments."""
-    script = tmp_path / "trial.py"
-    script.write_text(TRIAL)
-    sweep = tmp_path / "s.yaml"
-    command = ["${env}", "${interpreter}", "${program}", *fixed, "${args_no_hyphens}"]
-    config = {
-        "method": "grid",
-        "program": str(script),
-        "metric": {"name": "val/bleu", "goal": "maximize"},
-        "parameters": {"seed": {"values": seeds}},
-        "command": command,
-    }
-    sweep.write_text(json.dumps(config))  # JSON is YAML
-    return sweep
-
-
-def start_runner(sweep: Path, cwd: Path, *args: str) -> subprocess.Popen[str]:
-    """aiayn-sweep as a terminal starts it: a process group of its own (the foreground job's)."""
-    command = [sys.executable, "-m", "aiayn.cli.sweep", str(sweep), *args]
-    return subprocess.Popen(
-        command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def run_runner(sweep: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "aiayn.cli.sweep", str(sweep), *args]
-    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
-def wait_until(condition: Callable[[], bool], what: str, runner: subprocess.Popen[str], timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if runner.poll() is not None:
-            pytest.fail(f"the runner ended before {what}: {runner.communicate()}")
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        time.sleep(0.05)
+    return script_sweep(tmp_path, TRIAL, seeds, *fixed)
 
 
 def events(run_dir: Path) -> list[tuple[str, float, int]]:
@@ -105,10 +74,6 @@ def events(run_dir: Path) -> list[tuple[str, float, int]]:
     path = run_dir / "events"
     lines = path.read_text().splitlines() if path.exists() else []
     return [(event, float(at), int(pid)) for event, at, pid in (line.split() for line in lines)]
-
-
-def trials(folder: Path) -> list[dict]:
-    return json.loads((folder / STATE_FILE).read_text())["trials"]
 
 
 def started(folder: Path, count: int) -> Callable[[], bool]:
@@ -160,7 +125,7 @@ def test_a_second_ctrl_c_kills_the_trials_at_once(tmp_path: Path) -> None:
     (trial,) = trials(folder)
     assert trial["state"] == "interrupted" and trial["returncode"] == -signal.SIGKILL
     (_, _, pid), _ = events(folder / trial["run_dir"])
-    with pytest.raises(ProcessLookupError):
+    with pytest.raises(ProcessLookupError, match="No such process"):
         os.kill(pid, 0)
 
 
@@ -205,9 +170,13 @@ def test_a_trial_waits_until_its_run_folder_is_released_and_then_continues(tmp_p
     try:
         assert helper.stdout.readline() == "held\n"
         runner = start_runner(fake_sweep(tmp_path, [1], "seconds=0"), tmp_path)
-        wait_until(lambda: (folder / STATE_FILE).exists() and bool(trials(folder)), "the first trial", runner)
-        time.sleep(1)  # time enough to start the trial, had the runner not waited
-        assert not (run_dir / "events").exists() and trials(folder)[0]["error"].startswith("waiting for pid")
+
+        def waiting() -> bool:  # the runner's decision, recorded: it waits rather than start the trial
+            recorded = trials(folder) if (folder / STATE_FILE).exists() else []
+            return bool(recorded) and (recorded[0]["error"] or "").startswith("waiting for pid")
+
+        wait_until(waiting, "the runner waiting for the holder", runner)
+        assert not (run_dir / "events").exists()
         go.touch()
         _, stderr = runner.communicate(timeout=60)
     finally:
@@ -229,23 +198,29 @@ def test_a_sweep_name_that_leaves_the_sweeps_folder_is_refused(name: str, tmp_pa
     assert default_folder({}, tmp_path / "s.yaml") == Path("outputs", "sweeps", "s")
 
 
-def test_aiayn_sweep_refuses_an_escaping_name_before_it_writes(tmp_path: Path) -> None:
+def test_aiayn_sweep_refuses_an_escaping_name_before_it_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     sweep = tmp_path / "s.yaml"
     text = "name: ../../escaped\nmethod: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
     sweep.write_text(text)
     work = tmp_path / "work"
     work.mkdir()
-    result = run_runner(sweep, work)
-    assert result.returncode == 2 and f"{sweep}: name: '../../escaped' is not a folder name" in result.stderr
+    monkeypatch.chdir(work)
+    status, _, err = sweep_main([sweep], capsys)
+    assert status == 2 and err.startswith(f"aiayn-sweep: error: {sweep}: name: '../../escaped' is not a folder name")
+    assert len(err.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "work"] and not any(work.iterdir())
 
 
 def test_sweep_json_is_whole_whenever_its_writer_dies(tmp_path: Path) -> None:
     writer = (
-        "import sys\nfrom pathlib import Path\nfrom aiayn.experiments.sweep import SweepState, Trial\n"
+        "import sys\nfrom pathlib import Path\nfrom aiayn.experiments.sweeps.state import SweepState, Trial\n"
         "trials = [Trial(n, {'seed': n, 'x': 'y' * 200}) for n in range(1, 3001)]\n"
         "config = {'method': 'grid', 'parameters': {'seed': {'min': 1, 'max': 3000}, 'x': {'value': 'y' * 200}}}\n"
         "state = SweepState(Path(sys.argv[1]), config, trials)\n"
+        "trials[0].seconds = 0\n"
+        "state.save()\n"  # one whole file first: a kill before it would leave nothing to check
         "print('ready', flush=True)\n"
         "for n in range(10**6):\n"
         "    trials[0].seconds = n\n"
@@ -278,7 +253,7 @@ command:
   - debug=smoke
   - data.root={root}
   - data.cache_dir={cache}
-  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{batches}',pause:0.3}}]"
+  - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'{batches}',hold_at:2}}]"
   - ${{args_no_hyphens}}
 """
 
@@ -293,9 +268,9 @@ def test_ctrl_c_stops_real_trials_which_save_and_continue(
     sweep.write_text(SMOKE_SWEEP.format(root=corpus_root, cache=cache_dir, batches=batches))
     folder = tmp_path / "outputs" / "sweeps" / "smoke"
     runner = start_runner(sweep, tmp_path)
-    recorded = batches / "batches.rank0.jsonl"
-    wait_until(lambda: recorded.is_file() and len(recorded.read_text().splitlines()) >= 2, "training", runner)
-    os.killpg(runner.pid, signal.SIGINT)
+    wait_until((batches / HELD).is_file, "the trial held after its second batch", runner)
+    os.killpg(runner.pid, signal.SIGINT)  # the runner sends the trial SIGTERM; it stops at its next batch
+    (batches / RELEASE).touch()  # (the continued trial passes its hold at once)
     _, stderr = runner.communicate(timeout=120)
     assert runner.returncode == 130, stderr
     (trial,) = trials(folder)
@@ -343,9 +318,10 @@ def test_a_trial_record_aiayn_does_not_write_is_refused_in_one_line(field: str, 
     trial = {"number": 1, "params": {"model.n_heads": 4}, "state": "finished", "command": ["aiayn-train"],
              "run_dir": "trial-0001", "returncode": 0, "metric": 10.0, "seconds": 3.0, field: value}  # fmt: skip
     (tmp_path / STATE_FILE).write_text(json.dumps({"config": config, "trials": [trial]}))
-    with pytest.raises(SweepError) as refused:
+    refusal = f"^{re.escape(str(tmp_path / STATE_FILE))}: (trial 1's|a trial's) "
+    with pytest.raises(SweepError, match=refusal) as refused:
         SweepState.open(tmp_path, config, tmp_path / "sweep.yaml")
-    assert "\n" not in str(refused.value) and field in str(refused.value) and STATE_FILE in str(refused.value)
+    assert "\n" not in str(refused.value) and field in str(refused.value)
     del trial[field]
     if field not in ("number", "params"):  # without the odd field, the same record opens
         (tmp_path / STATE_FILE).write_text(json.dumps({"config": config, "trials": [trial]}))

@@ -5,30 +5,28 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from aiayn.cli import report as report_cli
 from aiayn.config.compose import compose_run_config
 from aiayn.config.naming import run_dir
-from aiayn.experiments.sweep import (
+from aiayn.experiments.sweeps.file import (
     ARGS_MACRO,
-    SweepError,
-    SweepState,
-    Trial,
     command_overrides,
-    exclusive,
     expand,
     load_sweep,
     trial_command,
-    trial_folder,
     with_overrides,
 )
+from aiayn.experiments.sweeps.runner import exclusive
+from aiayn.experiments.sweeps.state import SweepError, SweepState, Trial
+from aiayn.experiments.sweeps.trial import trial_folder
 from aiayn.experiments.table3 import ROWS
+from helpers.sweeps import GRID, seeded, sweep_file, sweep_main
 from helpers.wandb_records import offline_runs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +45,9 @@ def test_every_ablation_has_a_multi30k_and_a_paper_scale_sweep() -> None:
 
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
-def test_sweep_file_parses_and_every_trial_composes(path: Path) -> None:
+def test_sweep_file_parses_and_every_setting_composes(path: Path) -> None:
+    """Every trial's command ends with its parameters as overrides; each setting (the trials that differ
+    only in their seed) composes, and the seed override reaches the config (checked on one trial each)."""
     config = load_sweep(path)  # W&B's own schema
     assert ARGS_MACRO in config["command"] and config["metric"]["name"] == "val/bleu"
     assert len(config["parameters"]["seed"]["values"]) >= 2  # several seeds
@@ -56,18 +56,18 @@ def test_sweep_file_parses_and_every_trial_composes(path: Path) -> None:
     assert len(trials) == math.prod(sizes)  # a grid: every combination once
     assert len({json.dumps(t, sort_keys=True) for t in trials}) == len(trials)
     family = "mini" if path.stem.endswith("_mini") else "table3"
+    settings = {}
     for params in trials:
         command = trial_command(config, params)
         assert command[:2] == ["/usr/bin/env", "aiayn-train"]
         assert command[-len(params) :] == [f"{key}={value}" for key, value in params.items()]
+        setting = json.dumps({key: value for key, value in params.items() if key != "seed"}, sort_keys=True)
+        settings.setdefault(setting, (params, command))
+    assert len(settings) == len(trials) // len(config["parameters"]["seed"]["values"])
+    for params, command in settings.values():
         cfg = compose_run_config(command_overrides(command))  # resolved, as the trial's job sees it
         assert cfg.name.startswith(f"{family}_") and cfg.seed == params["seed"]
         assert all(OmegaConf.select(cfg, key) == value for key, value in params.items() if key != "experiment")
-
-
-def write_sweep(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path
 
 
 @pytest.mark.parametrize(
@@ -112,11 +112,16 @@ def write_sweep(path: Path, text: str) -> Path:
         ("method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n", None),
     ],
 )
-def test_bad_sweep_files_are_refused_with_the_fix(text: str, message: str | None, tmp_path: Path) -> None:
-    path = write_sweep(tmp_path / "bad.yaml", text)
+def test_bad_sweep_files_are_refused_with_the_fix(
+    text: str, message: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = sweep_file(tmp_path / "bad.yaml", text)
     if message is None:  # a random sweep needs a count: aiayn-sweep says so before running anything
-        result = subprocess.run([sys.executable, "-m", "aiayn.cli.sweep", str(path)], capture_output=True, text=True)
-        assert result.returncode == 2 and "never ends; pass --count N or set run_cap" in result.stderr
+        monkeypatch.chdir(tmp_path)
+        status, out, err = sweep_main([path], capsys)
+        assert status == 2 and out == ""
+        assert err == f"aiayn-sweep: error: {path}: a random sweep never ends; pass --count N or set run_cap: N\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]  # refused before anything was written
         return
     with pytest.raises(SweepError, match=message):
         load_sweep(path)
@@ -136,18 +141,23 @@ def test_overrides_end_every_trials_command_and_cannot_undo_the_sweep() -> None:
         assert "\n" not in str(refused.value)
 
 
-def test_run_cap_bounds_a_random_sweep(tmp_path: Path) -> None:
+def test_run_cap_bounds_a_random_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     text = "method: random\nrun_cap: 3\nparameters: {seed: {min: 1, max: 1000}}\n"
     text += "command: [aiayn-train, '${args_no_hyphens}']\n"
-    result = run_sweep_cli([str(write_sweep(tmp_path / "s.yaml", text)), "--dry-run"], tmp_path)
-    assert result.returncode == 0 and result.stdout.count("trial ") == 3, result.stderr
+    monkeypatch.chdir(tmp_path)
+    with seeded():
+        status, out, err = sweep_main([sweep_file(tmp_path / "s.yaml", text), "--dry-run"], capsys)
+    assert status == 0 and out.count("trial ") == 3 and err == "", err
 
 
-def test_random_and_bayes_draw_as_the_w_and_b_server_does(tmp_path: Path) -> None:
+def test_random_and_bayes_draw_distinct_values_within_the_space_as_plain_numbers() -> None:
     space = {"optim.lr_scale": {"min": 0.5, "max": 2.0}, "model.n_heads": {"values": [1, 2, 4]}}
     for method in ("random", "bayes"):
         config = {"method": method, "metric": {"name": "val/bleu", "goal": "maximize"}, "parameters": space}
-        trials = expand(config, 5)
+        with seeded():
+            trials = expand(config, 5)
         assert len(trials) == 5 and len({t["optim.lr_scale"] for t in trials}) == 5
         assert all(0.5 <= t["optim.lr_scale"] <= 2.0 and t["model.n_heads"] in (1, 2, 4) for t in trials)
         assert all(type(t["optim.lr_scale"]) is float for t in trials)  # plain numbers in commands and JSON
@@ -168,11 +178,7 @@ def test_trial_folders_are_named_after_the_swept_parameters(tmp_path: Path, monk
 
 
 def test_a_setting_proposed_twice_gets_a_second_folder(tmp_path: Path) -> None:
-    config = load_sweep(
-        write_sweep(
-            tmp_path / "s.yaml", "method: random\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
-        )
-    )
+    config = load_sweep(sweep_file(tmp_path / "s.yaml", GRID.replace("grid", "random")))
     state = SweepState(tmp_path, config, [Trial(1, {"seed": 1}, run_dir="seed=1"), Trial(2, {"seed": 1})])
     assert trial_folder(state.trials[1], state) == "seed=1-trial-0002"  # relative: the sweep's folder may move
     assert trial_folder(state.trials[0], state) == "seed=1"  # run again: its own folder
@@ -203,20 +209,21 @@ command:
 """
 
 
-def run_sweep_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiayn.cli.sweep", *args], cwd=cwd, capture_output=True, text=True, timeout=900
-    )
-
-
 @pytest.mark.slow
 def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path, wandb_offline: None
+    tmp_path: Path,
+    multi30k_root: Path,
+    cache_dir: Path,
+    wandb_offline: None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    sweep = write_sweep(tmp_path / "tiny.yaml", TINY_SWEEP.format(root=multi30k_root, cache=cache_dir))
-    first = run_sweep_cli([str(sweep), "--parallel", "2"], tmp_path)  # two at a time: the test takes less
-    assert first.returncode == 1, first.stderr  # one trial failed: said in the exit status ...
-    assert "2 of 3 trials finished" in first.stdout and "trial-0002 (exit code 2" in first.stderr
+    """The runner in this process (its trials are processes of their own)."""
+    monkeypatch.chdir(tmp_path)
+    sweep = sweep_file(tmp_path / "tiny.yaml", TINY_SWEEP.format(root=multi30k_root, cache=cache_dir))
+    status, out, err = sweep_main([sweep, "--parallel", "2"], capsys)  # two at a time: the test takes less
+    assert status == 1, err  # one trial failed: said in the exit status ...
+    assert "2 of 3 trials finished" in out and "trial-0002 (exit code 2" in err
     folder = tmp_path / "outputs" / "sweeps" / "tiny"
     state = json.loads((folder / "sweep.json").read_text())
     assert [t["state"] for t in state["trials"]] == ["finished", "failed", "finished"]  # ... and the rest ran
@@ -241,53 +248,62 @@ def test_aiayn_sweep_runs_skips_and_survives_a_failing_trial(
             assert metric in history_keys, f"{path.name}: metric.name {metric} is not in {sorted(history_keys)}"
         assert wandb_run.rows_with("val/bleu")[-1]["val/bleu"] == pytest.approx(trial["metric"])
 
-    again = run_sweep_cli([str(sweep)], tmp_path)  # finished trials are skipped; the failed one runs again
-    assert again.returncode == 1
-    ran = [line for line in again.stdout.splitlines() if line.startswith("trial-")]
+    status, out, _ = sweep_main([sweep], capsys)  # finished trials are skipped; the failed one runs again
+    assert status == 1
+    ran = [line for line in out.splitlines() if line.startswith("trial-")]
     assert len(ran) == 1 and ran[0].startswith("trial-0002 failed")
     assert {d: Path(d, "results.json").stat().st_mtime_ns for d in finished} == finished
     assert len(json.loads((folder / "sweep.json").read_text())["trials"]) == 3
 
-    report = subprocess.run(
-        [sys.executable, "-m", "aiayn.cli.report", str(folder), "--wandb", "disabled"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert "| model.positional=sinusoidal |" in report.stdout and "1 unfinished trial(s) trial-0002" in report.stdout
+    report_cli.main([str(folder), "--wandb", "disabled"])
+    report = capsys.readouterr().out
+    assert "| model.positional=sinusoidal |" in report and "1 unfinished trial(s) trial-0002" in report
     assert (folder / "report.md").is_file() and (folder / "bleu_ppl_vs_positional.png").stat().st_size > 1000
 
 
-def test_one_runner_per_sweep_folder(tmp_path: Path) -> None:
-    sweep = write_sweep(
-        tmp_path / "s.yaml", "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
-    )
+def test_one_runner_per_sweep_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = sweep_file(tmp_path / "s.yaml")
     folder = tmp_path / "outputs" / "sweeps" / "s"
     folder.mkdir(parents=True)
-    with exclusive(folder):  # as a runner does while it runs
-        result = run_sweep_cli([str(sweep)], tmp_path)
-    assert result.returncode == 2 and "another aiayn-sweep is running in" in result.stderr
+    monkeypatch.chdir(tmp_path)
+    with exclusive(folder):  # as a runner does while it runs (flock: a second open, here too, cannot take it)
+        status, _, err = sweep_main([sweep], capsys)
+    assert status == 2
+    assert err == f"aiayn-sweep: error: another aiayn-sweep is running in {folder}; wait for it or stop it\n"
+    assert sorted(p.name for p in folder.iterdir()) == [".lock"]  # no trial started, no state written
 
 
-def test_a_folder_of_another_sweep_is_not_mixed_in(tmp_path: Path) -> None:
+def test_a_folder_of_another_sweep_is_not_mixed_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "sweep"
     folder.mkdir()
     trial = {"number": 1, "params": {"seed": 1}, "state": "finished"}
     (folder / "sweep.json").write_text(json.dumps({"config": {"method": "grid"}, "trials": [trial]}))
-    text = "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
-    sweep = write_sweep(tmp_path / "s.yaml", text)
-    result = run_sweep_cli([str(sweep), "--dir", str(folder)], tmp_path)
-    assert result.returncode == 2 and "holds a sweep of another config" in result.stderr and "--dir" in result.stderr
+    sweep = sweep_file(tmp_path / "s.yaml")
+    monkeypatch.chdir(tmp_path)
+    status, _, err = sweep_main([sweep, "--dir", folder], capsys)
+    assert status == 2 and err == (
+        f"aiayn-sweep: error: {folder} holds a sweep of another config than {sweep}; pass --dir <another folder> "
+        "or move the old one away\n"
+    )
 
 
-def test_dry_run_lists_every_trial_and_fails_on_one_that_does_not_compose(tmp_path: Path) -> None:
-    sweep = write_sweep(
+def test_dry_run_lists_every_trial_and_fails_on_one_that_does_not_compose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep = sweep_file(
         tmp_path / "s.yaml",
         "method: grid\nparameters:\n  model: {values: [tiny, nonexistent]}\n  seed: {values: [1, 2]}\n"
         "command: [aiayn-train, '${args_no_hyphens}']\n",
     )
-    result = run_sweep_cli([str(sweep), "--dry-run"], tmp_path)
-    assert result.returncode == 2
-    assert result.stdout.count("trial ") == 4 and "aiayn-train model=tiny seed=2" in result.stdout
-    assert result.stderr.count("does not compose") == 2
-    assert not (tmp_path / "outputs").exists()  # nothing trained, nothing written
+    monkeypatch.chdir(tmp_path)
+    status, out, err = sweep_main([sweep, "--dry-run"], capsys)
+    assert status == 2
+    assert out.count("trial ") == 4 and "aiayn-train model=tiny seed=2" in out
+    failures = err.splitlines()
+    assert len(failures) == 2 and all(line.startswith("  does not compose: ") for line in failures)
+    assert "nonexistent" in failures[0]  # Hydra's reason, in one line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]  # nothing trained, nothing written

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from pathlib import Path
 
 from aiayn.cli.common import reported_as_usage_errors
-from aiayn.experiments.report import log as report_log
-from aiayn.experiments.report import write_report
-from aiayn.training.loggers import WANDB_MODES, wandb_mode
+from aiayn.experiments import report
+from aiayn.experiments.report.document import write_report
+from aiayn.experiments.report.table import Table
+from aiayn.training.loggers.wandb_identity import WANDB_MODES, wandb_mode
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,18 +47,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def log_to_wandb(markdown: str, plots: list[Path], mode: str, project: str, output: Path) -> str:
-    """The table (parsed back from the markdown, so W&B shows what report.md shows) and the plots, in
-    a W&B run; returns where the run is."""
+def log_to_wandb(table: Table, plots: list[Path], mode: str, project: str, output: Path) -> str:
+    """The table (the cells report.md shows) and the plots, in a W&B run; returns where the run is."""
     import wandb
 
-    # cells are split at the pipes between them, not at those escaped inside a cell (an override's: \|)
-    rows = [re.split(r"(?<!\\)\|", line.strip().removeprefix("|").removesuffix("|")) for line in markdown.splitlines()
-            if line.startswith("| ")]  # fmt: skip
-    header, *body = [[cell.strip().replace("\\|", "|") for cell in row] for row in rows]
     run = wandb.init(project=project, job_type="report", name=f"report {output.name}", mode=mode, dir=str(output))
     try:
-        run.log({"table3": wandb.Table(columns=header, data=body), **{p.stem: wandb.Image(str(p)) for p in plots}})
+        columns, data = list(table.header), [list(row) for row in table.rows]
+        run.log({"table3": wandb.Table(columns=columns, data=data), **{p.stem: wandb.Image(str(p)) for p in plots}})
         return run.url or run.settings.sync_dir
     finally:
         run.finish()
@@ -78,6 +74,7 @@ class WarningLines(logging.Handler):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    report_log = logging.getLogger(report.__name__)  # the report's modules log below it
     if not any(isinstance(handler, WarningLines) for handler in report_log.handlers):
         report_log.addHandler(WarningLines())
     with reported_as_usage_errors("aiayn-report"):
@@ -85,14 +82,14 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--data-root {args.data_root} is not a folder; give your copy of the runs' corpus")
         first = args.paths[0]
         output = args.out or (first.parent if first.is_file() else first)  # a results.json given: its folder
-        markdown, plots = write_report(args.paths, output, args.data_root)
-        print(markdown)
-        print(f"written: {output / 'report.md'}" + "".join(f", {p}" for p in plots))
+        written = write_report(args.paths, output, args.data_root)
+        print(written.markdown)
+        print(f"written: {output / 'report.md'}" + "".join(f", {p}" for p in written.plots))
         mode, _ = wandb_mode(args.wandb)
         if mode == "online" or args.wandb == "offline":
             if (output / "wandb").is_symlink():  # W&B writes into <out>/wandb: a link would take it elsewhere
                 raise ValueError(f"{output / 'wandb'} is a link; remove it or give --out <another folder>")
-            print(f"W&B: {log_to_wandb(markdown, plots, mode, args.project, output)}")
+            print(f"W&B: {log_to_wandb(written.table, written.plots, mode, args.project, output)}")
 
 
 if __name__ == "__main__":

@@ -18,24 +18,11 @@ import os
 import sys
 from pathlib import Path
 
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
-
 from aiayn.cli.common import reported_as_usage_errors
-from aiayn.config.compose import compose_config
-from aiayn.experiments.launchers import LAUNCHERS, LOCAL
-from aiayn.experiments.sweep import (
-    FINISHED,
-    SweepStopped,
-    Trial,
-    command_overrides,
-    expand,
-    load_sweep,
-    run_sweep,
-    trial_command,
-    trial_count,
-    with_overrides,
-)
+from aiayn.experiments.sweeps.file import expand, load_sweep, trial_command, trial_count, with_overrides
+from aiayn.experiments.sweeps.runner import SweepStopped, run_sweep
+from aiayn.experiments.sweeps.state import FINISHED, LAUNCHERS, LOCAL, Trial
+from aiayn.experiments.sweeps.trial import NotComposed, compose_trial
 
 DRY_RUN_LIMIT = 100  # trials listed for a random or bayes sweep without a count
 
@@ -77,10 +64,10 @@ def dry_run(args: argparse.Namespace) -> int:
         command = trial_command(config, params)
         print(f"trial {number}: {' '.join(command)}")
         try:
-            compose_config("train", command_overrides(command))
-        except (HydraException, OmegaConfBaseException) as error:
+            compose_trial(command)
+        except NotComposed as error:
             failures += 1
-            print(f"  does not compose: {str(error).splitlines()[0]}", file=sys.stderr)
+            print(f"  does not compose: {error.reason}", file=sys.stderr)
     return 2 if failures else 0
 
 

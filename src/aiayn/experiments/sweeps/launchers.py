@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -31,14 +30,11 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from aiayn.experiments.sweeps.state import JOB_ID, SLURM, SUBMITIT_FOLDER, SUBMITIT_LOCAL
 from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
 
-LOCAL, SLURM, SUBMITIT_LOCAL = "local", "slurm", "submitit-local"
-LAUNCHERS = (LOCAL, SLURM, SUBMITIT_LOCAL)
-SUBMITTED = (SLURM, SUBMITIT_LOCAL)
-SUBMITIT_FOLDER = ".submitit"  # in the sweep's folder: submitit's job files, one folder per job id
 # hydra-submitit-launcher's generic settings (submitit's AutoExecutor takes them as they are); the others
 # of hardware=slurm's hydra.launcher are SLURM's own (AutoExecutor's slurm_<name>).
 GENERIC_SETTINGS = (
@@ -61,7 +57,6 @@ ACTIVE_STATES = (
     "RUNNING", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING", "SUSPENDED",
     "RESIZING", "PREEMPTED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "UNKNOWN",
 )  # fmt: skip
-JOB_ID = re.compile(r"\d+(_\d+)?")  # a SLURM job id (array jobs: <id>_<index>), or a local controller's pid
 
 
 class TrialHandle(Protocol):

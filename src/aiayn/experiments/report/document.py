@@ -1,0 +1,88 @@
+"""``report.md`` and the plots of the runs under the folders a user names: what ``aiayn-report`` writes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiayn.experiments.report.plots import plot
+from aiayn.experiments.report.runs import CONDITION_NAMES, failed_trials, find_runs
+from aiayn.experiments.report.settings import group_settings, varying
+from aiayn.experiments.report.significance import SIGNIFICANT, TEST_HYPOTHESES, significance
+from aiayn.experiments.report.table import PARTIAL, Table, scored_on_final, table_of
+from aiayn.files import atomic_write
+from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed
+
+
+@dataclass(frozen=True)
+class Report:
+    """What :func:`write_report` wrote: ``report.md``'s text, the table it shows and the plot files."""
+
+    markdown: str
+    table: Table
+    plots: list[Path]
+
+
+def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = None) -> Report:
+    """Write ``report.md`` and the plots into ``output`` (nothing else, nowhere else); returns what was
+    written. The test references of the paired tests are read from ``data_root`` only."""
+    found = find_runs(paths)
+    if not found.runs:
+        raise ValueError(f"no finished run (a folder with results.json) under {', '.join(map(str, paths))}")
+    failed = failed_trials(found.sweeps, {run.folder for run in found.runs}, found.skipped)
+    settings = group_settings(found.runs)
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"{output}: not a folder; give --out <folder> for report.md and the plots")
+    output.mkdir(parents=True, exist_ok=True)
+    plots = plot(settings, output)
+    p_values = significance(settings, data_root)
+    table = table_of(settings, p_values)
+    seed = bootstrap_seed()
+    best = (
+        " BLEU (val, best): the best validation BLEU any validation of the run saw."
+        if scored_on_final(settings)
+        else ""
+    )
+    differ = varying(settings)
+    same = [f"{CONDITION_NAMES[k]} {settings[0].conditions.described(k)}" for k in CONDITION_NAMES if k not in differ]
+    text = [
+        f"# Report: {', '.join(str(p) for p in paths)}",
+        "",
+        f"{len(found.runs)} finished run(s) in {len(settings)} setting(s). PPL and BLEU on the validation split "
+        "(Table 3 uses newstest2013) and BLEU on the test split, from the checkpoint named in the checkpoint column "
+        "(best: the best by validation; final: the last of training), beam search, no averaging; mean ± sample "
+        f"std over seeds.{best} Blank: as the first row. Paper: Vaswani et al. (2017) Table 3 (WMT14 En-De, "
+        "tokenized BLEU).",
+        "",
+        "A setting's runs differ only in their seed: runs of another corpus, direction, precision, checkpoint "
+        "or number of test sentences are other settings (in brackets after the setting where settings differ)."
+        + (f" Every row: {'; '.join(same)}." if same else ""),
+        f"test sentences: how many the test BLEU is of (results.json's test_sentences; ?: not recorded). "
+        f"first N and {PARTIAL}: only the first N sentences of the test split (data.eval_limit), not "
+        "comparable with a score on the whole split.",
+        "",
+        f"p (test): sacreBLEU's paired bootstrap resampling ({BOOTSTRAP_SAMPLES} resamples, seed "
+        f"{seed if seed is not None else 'unfixed'}) of the setting's test BLEU against the first row's. Runs are "
+        f"paired by seed (the seeds both settings have): each setting's {TEST_HYPOTHESES} of those seeds are "
+        "concatenated in seed order and scored against the test references repeated as many times; the "
+        "references are read from the corpus folder given with --data-root, never from where a run's config "
+        f"says. {SIGNIFICANT}: p < {SIGNIFICANCE_LEVEL}, a difference chance alone rarely makes; p ≥ "
+        f"{SIGNIFICANCE_LEVEL} means not significant: the difference may be chance. -: no test, for the reason "
+        "below the table.",
+        "",
+        table.markdown(),
+    ]
+    unpaired = {label: why for label, why in p_values.items() if isinstance(why, str)}
+    if unpaired:
+        text += ["", *(f"p (test) of {label}: -, {why}." for label, why in unpaired.items())]
+    others = [folder for folder in found.unfinished if folder not in failed]
+    if failed or others or found.skipped:
+        text += ["", f"Not in the table: {len(failed)} unfinished trial(s) {', '.join(failed.values())}; "
+                 f"{len(others)} other run folder(s) without results; {len(found.skipped)} malformed file(s)"
+                 " skipped."]  # fmt: skip
+        text += [f"- {line}" for line in found.skipped]
+    text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
+    markdown = "\n".join(text) + "\n"
+    atomic_write(output / "report.md", markdown)
+    return Report(markdown, table, plots)

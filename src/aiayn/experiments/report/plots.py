@@ -1,0 +1,103 @@
+"""Plots of validation BLEU and perplexity against what the settings vary (heads, d_k, positional encoding,
+model size), mean and standard deviation over seeds."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.files import atomic_write
+
+# What a plot can put on its x axis: (file name part, axis label, Table 3 column or "params").
+AXES = (
+    ("heads", "attention heads h", "h"),
+    ("d_k", "key size d_k", "d_k"),
+    ("positional", "positional encoding", "positional"),
+    ("size", "parameters (millions)", "params"),
+)
+# Per axis: the columns its settings may change, and those of which they must change one.
+AXIS_COLUMNS = {
+    "heads": ({"h", "d_k", "d_v"}, {"h"}),
+    "d_k": ({"d_k"}, {"d_k"}),
+    "positional": ({"positional"}, {"positional"}),
+    "size": ({"N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop"}, {"N", "d_model", "d_ff"}),
+}
+
+
+def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str, list[Setting]]]:
+    """The axes along which settings vary from the first (:func:`ordered`), each with its points: the
+    first setting and those that differ from it only in the axis's columns (rows A change h with d_k and
+    d_v; big changes the size and P_drop), in at least one of its key columns, under the same
+    :class:`Conditions` (a point of another corpus or precision is not on the first row's curve). An
+    axis needs 2 points."""
+    base, *others = ordered(settings)
+    chosen = []
+    for name, label, column in AXES:
+        allowed, keys = AXIS_COLUMNS[name]
+        points = [base]
+        for setting in others:
+            changed = {h for h in setting.columns if setting.columns[h] != base.columns[h]}
+            if changed and changed <= allowed and changed & keys and setting.conditions == base.conditions:
+                points.append(setting)
+        if len(points) > 1:
+            chosen.append((name, label, column, points))
+    return chosen
+
+
+def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
+    """``bleu_ppl_vs_<axis>.png`` for every axis the settings vary along: validation BLEU and perplexity,
+    mean with the standard deviation over seeds as error bars. Written atomically: a link of that name
+    in a shared folder is replaced, not followed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a cluster or in CI
+    import matplotlib.pyplot as plt
+
+    written = []
+    for name, label, column, on_axis in plot_axes(settings):
+        figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))
+        categorical = column == "positional"
+        points = on_axis if categorical else sorted(on_axis, key=lambda s: axis_value(s, column))
+        for panel, key, heading in ((panels[0], "val_bleu", "BLEU (val)"), (panels[1], "val_ppl", "perplexity (val)")):
+            xs, means, errors = panel_series(points, key, column, categorical)
+            if categorical:
+                panel.bar(xs, means, yerr=errors, capsize=4, color="#4c72b0")
+            else:
+                panel.errorbar(xs, means, yerr=errors, fmt="o-", capsize=4, color="#4c72b0")
+                if column in ("h", "d_k"):
+                    panel.set_xscale("log", base=2)
+                    panel.set_xticks(xs, [f"{x:g}" for x in xs])
+            panel.set_xlabel(label)
+            panel.set_ylabel(heading)
+            panel.grid(alpha=0.3)
+        seeds = max(len(s.runs) for s in on_axis)
+        figure.suptitle(f"{label}: mean ± std over up to {seeds} seed(s)")
+        figure.tight_layout()
+        path = folder / f"bleu_ppl_vs_{name}.png"
+        atomic_write(path, lambda file, figure=figure: figure.savefig(file, format="png", dpi=110))
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def panel_series(
+    points: Sequence[Setting], key: str, column: str, categorical: bool
+) -> tuple[list[Any], list[float], list[float]]:
+    """A panel's points: x, the mean of ``key`` over seeds and its error bar, the sample standard
+    deviation (0 for one seed), for every setting with a value; every point gets its error bar."""
+    present = [s for s in points if s.values(key)]
+    xs = [str(s.columns[column]) if categorical else axis_value(s, column) for s in present]
+    means = [statistics.fmean(s.values(key)) for s in present]
+    errors = [statistics.stdev(s.values(key)) if len(s.values(key)) > 1 else 0.0 for s in present]
+    return xs, means, errors
+
+
+def axis_value(setting: Setting, column: str) -> float:
+    if column == "params":
+        params = setting.mean("params")
+        return params / 1e6 if params is not None else math.nan
+    return float(setting.columns[column])

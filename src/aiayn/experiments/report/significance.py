@@ -1,0 +1,175 @@
+"""Whether a setting's test BLEU differs significantly from the first row's: sacreBLEU's paired bootstrap on
+the seeds' test translations, against test references read only from the corpus folder the user gives."""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from aiayn.data.corpus import read_lines
+from aiayn.data.stored import instantiated_from_checkpoint, stored_targets
+from aiayn.errors import DataError
+from aiayn.experiments.report.records import HYPOTHESES_BYTES, inside_folder, shown
+from aiayn.experiments.report.runs import CONDITION_NAMES, CONFIG, RESULTS, TESTED_ON, Run
+from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.scoring import SIGNIFICANCE_LEVEL, paired_bootstrap
+
+SIGNIFICANT = "*"  # after a p-value below SIGNIFICANCE_LEVEL
+TEST_HYPOTHESES = "test.hyp.txt"  # a run's test translations, in corpus order (results.json's "evaluated")
+
+
+class Unpaired(Exception):
+    """Why a setting's test translations cannot be compared with the first row's (said under the table)."""
+
+
+class RunTexts:
+    """The runs' test hypotheses and references, each corpus read once, from ``data_root`` only: the
+    folder the user gave; without it, no references are read."""
+
+    def __init__(self, data_root: Path | None = None) -> None:
+        self.data_root = data_root
+        self._references: dict[str, list[str] | str] = {}  # by data section: the references, or why none
+
+    @staticmethod
+    def hypotheses(run: Run) -> list[str]:
+        path = run.folder / TEST_HYPOTHESES
+        try:
+            status = path.lstat()
+        except FileNotFoundError:
+            raise Unpaired(f"{path} does not exist") from None
+        if not stat.S_ISREG(status.st_mode):  # a link may lead anywhere, a pipe never end
+            raise Unpaired(f"{path} is not a plain file")
+        if status.st_size > HYPOTHESES_BYTES:
+            raise Unpaired(f"{path} has {status.st_size} bytes, more than test translations have")
+        try:
+            return read_lines(path)
+        except DataError as error:
+            raise Unpaired(" ".join(str(error).split())) from None
+
+    def references(self, run: Run) -> list[str]:
+        if self.data_root is None:
+            raise Unpaired("the test references are read only from the corpus folder given with --data-root")
+        key = json.dumps([run.data, run.eval_limit, run.conditions.test_sentences], sort_keys=True, default=str)
+        if key not in self._references:
+            try:
+                self._references[key] = tested_references(run, self.data_root)
+            # Any failure (no such file, a config of another aiayn, a library missing) leaves the report
+            # without this p-value, never without the report.
+            except Exception as error:
+                message = " ".join(str(error).split()) or type(error).__name__
+                self._references[key] = f"the test references of {run.folder} cannot be read ({message})"
+        found = self._references[key]
+        if isinstance(found, str):
+            raise Unpaired(found)
+        return found
+
+
+def reading_classes() -> dict[str, type]:
+    """The data modules whose test split the report reads, by the names a stored ``_target_`` gives them."""
+    from aiayn.data.datamodule import Multi30kDataModule, TextDataModule, WMT14DataModule
+
+    classes = (Multi30kDataModule, TextDataModule, WMT14DataModule)
+    return {n: c for c in classes for n in (f"{c.__module__}.{c.__name__}", f"aiayn.data.{c.__name__}")}
+
+
+def readable_section(run: Run, data_root: Path) -> dict[str, Any]:
+    """``run``'s data section with its corpus at ``data_root`` (the user's folder) in place of the stored
+    one: a stored root, Hub dataset or download is never used, and a stored file name must lie inside
+    ``data_root``. :class:`Unpaired` says why a section cannot be read so."""
+    where = run.folder / CONFIG
+    target = run.data.get("_target_")
+    classes = reading_classes()
+    if not isinstance(target, str) or target not in classes:
+        raise Unpaired(f"{where}: data._target_={shown(target)} is not a corpus the report reads")
+    nested = [key for key, _ in stored_targets(run.data, "data") if key != "data._target_"]
+    if nested:
+        raise Unpaired(f"{where}: {nested[0]} is set; the report reads only aiayn's corpora as configured")
+    kind = classes[target].__name__
+    if kind == "TextDataModule":
+        for role in ("train", "val", "test"):
+            pair = run.data.get(role)
+            if pair is None:
+                continue
+            if not (isinstance(pair, list) and len(pair) == 2 and all(map(inside_folder, pair))):
+                raise Unpaired(f"{where}: data.{role}={shown(pair)} does not name two files inside --data-root")
+            for file in pair:
+                if not (data_root / file).resolve().is_relative_to(data_root.resolve()):
+                    raise Unpaired(f"{where}: data.{role} names {file}, which leads out of --data-root {data_root}")
+    if kind == "WMT14DataModule" and not (data_root / "dataset_dict.json").is_file():
+        # any other layout is loaded through datasets.load_dataset, which writes a cache of its own
+        raise Unpaired(f"--data-root {data_root} is not a save_to_disk copy of {run.data.get('hub', 'WMT14')}")
+    return {**run.data, "root": str(data_root), "cache_dir": None}
+
+
+def tested_references(run: Run, data_root: Path) -> list[str]:
+    """The references ``run``'s ``test.hyp.txt`` was scored against: the test split of its corpus, read
+    from ``data_root`` (:func:`readable_section`), built only from aiayn's own classes (as aiayn-eval
+    builds a checkpoint's), cut to the run's ``eval_limit`` as its training cut it."""
+    if "_target_" not in run.data:
+        raise Unpaired(f"{run.folder / CONFIG} has no data section")
+    section = readable_section(run, data_root)
+    datamodule = instantiated_from_checkpoint(section, "data", run.folder / CONFIG, root=data_root)
+    references = datamodule.split_texts("test")[1]
+    references = references[: datamodule.eval_limit] if datamodule.eval_limit else references
+    tested = run.conditions.test_sentences
+    if tested is not None and tested != len(references):
+        raise Unpaired(f"{len(references)} test references in {data_root}, {run.folder / RESULTS} scored {tested}")
+    return references
+
+
+def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | str:
+    """The p-value of sacreBLEU's paired bootstrap of ``setting``'s test BLEU against ``base``'s, or why
+    there is none. Runs are paired by seed (the seeds both settings have); each setting's test
+    hypotheses of those seeds are concatenated in seed order and scored against the test references,
+    repeated once per seed, so every seed's translations count and each sentence is paired with the
+    same seed's translation of it. Settings tested on another corpus, direction or number of test
+    sentences are not compared."""
+    for key in TESTED_ON:
+        ours, theirs = base.conditions.described(key), setting.conditions.described(key)
+        if ours != theirs:
+            return f"tested with {CONDITION_NAMES[key]} {theirs}, the first row with {CONDITION_NAMES[key]} {ours}"
+    firsts = {run.seed: run for run in base.runs if run.seed is not None}
+    pairs = sorted(((r.seed, firsts[r.seed], r) for r in setting.runs if r.seed in firsts), key=lambda p: p[0])
+    if not pairs:
+        return "no seed in common with the first row"
+    baseline: list[str] = []
+    system: list[str] = []
+    references: list[str] = []
+    try:
+        for seed, first, run in pairs:
+            hypotheses = [texts.hypotheses(first), texts.hypotheses(run)]
+            first_refs, refs = texts.references(first), texts.references(run)
+            if first_refs != refs:
+                raise Unpaired(f"seed {seed}: {first.folder} and {run.folder} were tested on different references")
+            for tested, lines in zip((first, run), hypotheses, strict=True):
+                if len(lines) != len(refs):
+                    raise Unpaired(
+                        f"{tested.folder / TEST_HYPOTHESES} has {len(lines)} lines for {len(refs)} test references"
+                    )
+            baseline += hypotheses[0]
+            system += hypotheses[1]
+            references += refs
+    except Unpaired as why:
+        return str(why)
+    return paired_bootstrap([(base.label, baseline), (setting.label, system)], references).systems[1].p_value
+
+
+def significance(settings: Sequence[Setting], data_root: Path | None = None) -> dict[str, float | str]:
+    """For each setting after the first (:func:`ordered`), by label: :func:`paired_p_value` against the
+    first, with the test references read from ``data_root``."""
+    base, *others = ordered(settings)
+    texts = RunTexts(data_root)
+    return {setting.label: paired_p_value(base, setting, texts) for setting in others}
+
+
+def p_cell(value: float | str | None) -> str:
+    """A ``p (test)`` cell: blank for the first row, ``-`` without a test, else the p-value (marked when
+    significant)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return "-"
+    return f"{value:.4f}{SIGNIFICANT if value < SIGNIFICANCE_LEVEL else ''}"

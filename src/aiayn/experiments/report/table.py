@@ -1,0 +1,85 @@
+"""The report's table in Table 3's layout, built once as rows (a header and a row of cells per setting)
+and rendered from them: to Markdown for ``report.md``, and as they are to a W&B table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.experiments.report.significance import p_cell
+from aiayn.experiments.table3 import COLUMNS, PAPER
+
+PARTIAL = "‡"  # after a test BLEU of part of the test split (data.eval_limit)
+
+
+def scored_on_final(settings: Sequence[Setting]) -> bool:
+    """Whether any run's numbers come from its final checkpoint (then the best validation BLEU is shown too)."""
+    return any(run.evaluated == "final" for setting in settings for run in setting.runs)
+
+
+def cell(value: str) -> str:
+    """A markdown table cell: ``|`` escaped (an override may hold one)."""
+    return value.replace("|", "\\|")
+
+
+@dataclass(frozen=True)
+class Table:
+    """The report's table: its header and a row of cells per setting, as a reader sees them. ``report.md``
+    shows :meth:`markdown`; the W&B table holds the same cells."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(map(cell, row)) + " |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None) -> Table:
+    """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params,
+    the checkpoint scored, PPL and BLEU (mean ± std over seeds; with the best validation BLEU when a run is
+    scored on its final checkpoint), the test sentences the test BLEU is of (:data:`PARTIAL` after a test
+    BLEU of part of the split), the p-value of the test BLEU against the first row's
+    (:func:`significance`), steps and wall time; the paper's PPL and BLEU where the setting is its row."""
+    base, *_ = settings = ordered(settings)
+    p_values = p_values or {}
+    best = scored_on_final(settings)
+    headings = [
+        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "PPL (val)",
+        "BLEU (val)", *(["BLEU (val, best)"] if best else []), "BLEU (test)", "test sentences", "p (test)",
+        "minutes", "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
+    ]  # fmt: skip
+    rows = []
+    for setting in settings:
+        changed = [
+            "" if setting is not base and value == base.columns[heading] else str(value)
+            for heading, value in setting.columns.items()
+        ]
+        params = setting.mean("params")
+        steps = setting.mean("steps")
+        wall = setting.mean("wall_s")
+        paper = PAPER.get(setting.paper_row or "")
+        test_bleu = setting.spread("test_bleu")
+        cells = [
+            setting.label,
+            *changed,
+            f"{params / 1e6:.1f}" if params is not None else "-",
+            str(len(setting.runs)),
+            f"{steps:.0f}" if steps is not None else "-",
+            setting.evaluated(),
+            setting.spread("val_ppl"),
+            setting.spread("val_bleu"),
+            *([setting.spread("best_val_bleu")] if best else []),
+            f"{test_bleu} {PARTIAL}" if setting.partial_test and test_bleu != "-" else test_bleu,
+            setting.test_sentences(),
+            p_cell(None if setting is base else p_values.get(setting.label, "not tested")),
+            f"{wall / 60:.1f}" if wall is not None else "-",
+            setting.paper_row or "",
+            f"{paper.ppl:.2f}" if paper else "",
+            f"{paper.bleu:.1f}" if paper else "",
+            f"{paper.params_millions or PAPER['base'].params_millions:g}" if paper else "",  # blank: as base
+        ]
+        rows.append(tuple(cells))
+    return Table(tuple(headings), tuple(rows))
