@@ -1,6 +1,6 @@
 """The GPU check behind `benchmarks/gpu_check.sh`, on one CUDA GPU, in under 8 minutes:
 
-1. the CUDA-marked tests (`tests/test_cuda.py`: bf16-mixed and 16-mixed training steps, SDPA's fused
+1. the CUDA-marked tests (`tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed training steps, SDPA's fused
    kernels, cached vs recomputed beam search on the GPU, the exported CTranslate2 engine on CUDA);
 2. `model=base` training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k
    pairs, 8000-piece BPE, the paper's 25000-token batches), its logged `train/tokens_per_s` and
@@ -44,8 +44,8 @@ def timed_out(part: Callable[[], dict[str, Any]], name: str) -> dict[str, Any]:
 
 def cuda_tests(folder: Path) -> dict[str, Any]:
     report = folder / "cuda-tests.xml"
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "tests/test_cuda.py", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={report}"]  # fmt: skip
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-m", "cuda", "tests/scenarios/test_cuda.py", "-q",
+               "-p", "no:cacheprovider", f"--junitxml={report}"]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS["tests"])
     print(done.stdout[-2000:])

@@ -12,6 +12,7 @@ import pytest
 
 import aiayn
 from aiayn.config.compose import compose_run_config, config_dir
+from helpers.compose import composed_run
 
 PACKAGE = Path(aiayn.__file__).resolve().parent
 # From the inside out; a module may import its own layer and those before it. The leaves (plain
@@ -118,21 +119,6 @@ def test_no_room_imports_lightning(layer: str, room: str, path: Path) -> None:
     assert not found and training <= {"aiayn.training.metrics"}, (found, training)
 
 
-def test_the_sweep_runner_and_the_report_start_without_lightning() -> None:
-    modules = ["aiayn.cli.sweep", "aiayn.cli.report", "aiayn.experiments.sweeps.runner"]
-    modules += ["aiayn.experiments.report.document"]
-    script = "\n".join(
-        [
-            "import importlib, sys",
-            *(f"importlib.import_module({module!r})" for module in modules),
-            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {LIGHTNING!r}))",
-        ]
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]"
-
-
 def test_the_model_imports_without_hydra_omegaconf_or_lightning() -> None:
     blocked = ("hydra", "omegaconf", "pytorch_lightning", "lightning", "lightning_fabric")
     script = "\n".join(
@@ -164,7 +150,7 @@ def experiments() -> list[str]:
 def test_every_experiment_has_a_run_name_of_its_own() -> None:
     names: dict[str, list[str]] = {}
     for experiment in experiments():
-        names.setdefault(compose_run_config([f"experiment={experiment}"]).name, []).append(experiment)
+        names.setdefault(composed_run([f"experiment={experiment}"]).name, []).append(experiment)
     shared = {name: found for name, found in names.items() if len(found) > 1}
     assert not shared, f"experiments that share a run folder and a dashboard name: {shared}"
     assert len(names) == len(experiments()) >= 45
@@ -178,3 +164,35 @@ def test_the_smoke_settings_are_a_run_of_seconds_on_any_experiment() -> None:
     assert smoke.model.d_model == 64 and smoke.trainer.max_steps == 12 and not smoke.logger
     row = compose_run_config(["experiment=mini/A1", "debug=smoke"])
     assert row.name == "mini_A1" and row.model.n_heads == 1 and row.trainer.max_steps == 12
+
+
+TESTS = Path(__file__).resolve().parent
+# The folders of the tests: one per layer (the leaves' tests together), the console scripts', the
+# benchmarks' smoke tests, and the scenarios: stories of real processes (signals, kills, locks, DDP).
+TEST_FOLDERS = {*(layer for layer in LAYERS if layer not in LEAVES), "leaves", "benchmarks", "scenarios"}
+
+
+def modules_of_tests() -> list[Path]:
+    return sorted(TESTS.rglob("test_*.py"))
+
+
+def imported_names(path: Path) -> set[str]:
+    """The top-level names of every module a file imports."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+    return found
+
+
+def test_the_tests_mirror_the_layers_and_no_test_module_imports_another() -> None:
+    paths = modules_of_tests()
+    folders = {path.parent.relative_to(TESTS).as_posix() for path in paths} - {"."}
+    assert folders <= TEST_FOLDERS, folders - TEST_FOLDERS
+    assert [path.name for path in TESTS.glob("test_*.py")] == ["test_layout.py"]  # the one about all layers
+    assert len({path.stem for path in paths}) == len(paths)  # one module name each: pytest imports them by name
+    for path in paths:
+        imported = {name for name in imported_names(path) if name.startswith("test_") or name == "conftest"}
+        assert not imported, f"{path.relative_to(TESTS)} imports {imported}: shared plumbing goes in tests/helpers"

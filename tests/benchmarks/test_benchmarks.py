@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+from helpers.runs import REPO
+
+BENCHMARKS = REPO / "benchmarks"
 pytestmark = pytest.mark.slow
 
 Benchmark = Callable[..., dict[str, Any]]

@@ -26,10 +26,10 @@ from aiayn.experiments.sweeps.runner import exclusive
 from aiayn.experiments.sweeps.state import SweepError, SweepState, Trial
 from aiayn.experiments.sweeps.trial import trial_folder
 from aiayn.experiments.table3 import ROWS
+from helpers.runs import REPO
 from helpers.sweeps import GRID, seeded, sweep_file, sweep_main
 from helpers.wandb_records import offline_runs
 
-REPO = Path(__file__).resolve().parents[1]
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
 

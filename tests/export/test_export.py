@@ -30,7 +30,7 @@ from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_checkpoint, load_model, save_checkpoint
 from helpers.extras import dev_extra
 from helpers.reference_search import sequence_log_prob
-from helpers.runs import smoke_run, train_in_process
+from helpers.runs import REPO, smoke_run, train_in_process
 
 pytestmark = pytest.mark.slow  # a real training run and the real console scripts
 
@@ -285,7 +285,7 @@ def test_the_decoding_benchmark_races_the_engines_on_real_translations(
     trained: Path, corpus_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """benchmarks/decoding.py in this process (``runpy``), as ``python benchmarks/decoding.py`` runs it."""
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "decoding.py"
+    script = REPO / "benchmarks" / "decoding.py"
     argv = [str(script), "--checkpoint", str(trained), "--source", str(corpus_root / "val.en"),
             "--reference", str(corpus_root / "val.de"), "--sentences", "20", "--rounds", "1"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)

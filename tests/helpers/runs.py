@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+REPO = Path(__file__).resolve().parents[2]  # the repository: tests/helpers/runs.py is two below it
 # What the session's shared smoke run (conftest's smoke_run_dir) adds: no average, short greedy decoding.
 SMOKE_RUN_EXTRA = ("checkpoint.average_last=0", "decoding=greedy", "decoding.max_len_offset=3")
 
