@@ -22,7 +22,13 @@ import yaml
 from aiayn.cli import report as report_cli
 from aiayn.experiments.report.document import write_report
 
-DELETE = object()  # a field removed from a record
+
+class _Removed:
+    def __repr__(self) -> str:
+        return "removed"  # the same in every pytest-xdist worker, which must collect the same test ids
+
+
+DELETE = _Removed()  # a field removed from a record
 FILES = ("config.yaml", "results.json", "test.hyp.txt", ".hydra/hydra.yaml")
 
 
