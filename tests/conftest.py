@@ -13,7 +13,26 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+
+if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+    # A pytest-xdist worker has its share of the cores: torch's threads beyond it (and those of the
+    # processes its tests start, which inherit this) only wait on each other's cores. Set before any
+    # test module imports torch; runs compared bit for bit share the setting.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
 ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written by assets/make_corpus.py
+
+
+# The folders of the slowest test files, first: a worker that takes one of them last would end the suite
+# alone while the others wait (pytest-xdist hands files out in the order they were collected).
+SLOW_FIRST = ("scenarios", "experiments", "export", "cli")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def position(item: pytest.Item) -> int:
+        folder = item.path.parent.name
+        return SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
+
+    items.sort(key=position)  # stable: within a folder, the files and their tests keep their order
 
 
 @pytest.fixture(scope="session")

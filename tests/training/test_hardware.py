@@ -4,7 +4,6 @@ effective batch (tokens per optimizer step) holds for any number of devices."""
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from aiayn.config.build import trainer_options
 from aiayn.config.compose import compose_config
 from aiayn.training.batching import accumulation_steps, configure_batching
+from helpers.runs import train_in_process
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
     "cpu": ("cpu", 1, 1, "32-true", None),
@@ -87,11 +87,15 @@ def test_slurm_renders_a_submitit_job_of_nodes_times_gpus(tmp_path: Path, monkey
     assert executor._executor.max_num_timeout == 20  # requeued up to 20 times, into the same run folder
 
 
-def test_slurm_without_multirun_refuses_to_train_on_the_login_node(tmp_path: Path) -> None:
-    done = subprocess.run(
-        ["aiayn-train", "hardware=slurm", f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=120
+def test_slurm_without_multirun_refuses_to_train_on_the_login_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for name in ("SLURM_JOB_ID", "SUBMITIT_EXECUTOR"):  # on a login node, not inside a job
+        monkeypatch.delenv(name, raising=False)
+    assert train_in_process(["hardware=slurm", f"hydra.run.dir={tmp_path}"], monkeypatch) == 2
+    assert capsys.readouterr().err.strip() == (
+        "hardware=slurm submits jobs through Hydra's launcher: add -m (aiayn-train -m hardware=slurm ...)"
     )
-    assert done.returncode == 2 and "add -m" in done.stderr
 
 
 @pytest.mark.parametrize(

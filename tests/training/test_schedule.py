@@ -47,7 +47,7 @@ def test_rejects_non_positive_settings(bad: tuple[int, int, float]) -> None:
 
 def tiny_module() -> TranslationModule:
     model = TransformerConfig(vocab_size=50, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8)
-    return TranslationModule(model=TransformerConfig(**model), bos_id=2, eos_id=3)
+    return TranslationModule(model=model, bos_id=2, eos_id=3)
 
 
 def test_adam_has_the_papers_settings_and_is_fused_unless_lightning_must_unscale_gradients() -> None:
