@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.cli import train as train_cli
 from aiayn.machine import available_cpus
-from helpers.runs import smoke_run
+from helpers.runs import smoke_run, train_in_process
 
 
 def base(root: Path, cache: Path) -> list[str]:
@@ -93,12 +92,7 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     monkeypatch.chdir(tmp_path)  # run folders go to ./outputs
     names = {"tmp": tmp_path, "too_many": available_cpus() + 1}
     overrides, value = [override.format(**names) for override in overrides], value.format(**names)
-    # Hydra's logging setup off: in process it would keep handlers on pytest's captured streams.
-    argv = [*base(corpus_root, cache_dir), *overrides, "hydra/job_logging=none", "hydra/hydra_logging=none"]
-    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        train_cli.main()
-    assert stopped.value.code == 2
+    assert train_in_process([*base(corpus_root, cache_dir), *overrides], monkeypatch) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("aiayn-train: error: "), lines
     assert key in lines[0] and value in lines[0], lines[0]

@@ -4,14 +4,13 @@ reported; never a crash in the middle of an epoch."""
 from __future__ import annotations
 
 import gzip
-import sys
 from pathlib import Path
 
 import pytest
 
-from aiayn.cli import train as train_cli
 from aiayn.data import DataError, TextDataModule
 from aiayn.errors import ConfigError
+from helpers.runs import train_in_process
 
 GOOD = [b"a small house", b"the dog runs", b"a cat sits on a mat", b"two dogs play", b"a man walks"] * 4
 
@@ -106,12 +105,9 @@ def test_an_evaluation_sentence_longer_than_learned_positions_stops_the_run_befo
         "data=text", "data.src_lang=en", "data.tgt_lang=de", f"data.cache_dir={cache_dir}", "data.vocab_size=40",
         f"data.train=[{','.join(files['train'])}]", f"data.val=[{','.join(files['val'])}]",
         f"data.test=[{','.join(files['test'])}]", "model=tiny", "model.positional=learned", "model.max_positions=64",
-        "data.max_len=64", "logger=none", "progress=quiet", "hydra/job_logging=none", "hydra/hydra_logging=none",
+        "data.max_len=64", "logger=none", "progress=quiet",
     ]  # fmt: skip
-    monkeypatch.setattr(sys, "argv", ["aiayn-train", *argv])
-    with pytest.raises(SystemExit) as stopped:
-        train_cli.main()
-    assert stopped.value.code == 2
+    assert train_in_process(argv, monkeypatch) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "test.en:9: this test sentence is" in error and "model.max_positions=64" in error
     assert not list((tmp_path / "outputs").glob("*/*/checkpoints/*.ckpt"))  # no step was trained
