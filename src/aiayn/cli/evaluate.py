@@ -11,10 +11,8 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config.build import decoding_options
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError
-from aiayn.evaluation.evaluate import Texts, compared_system, evaluate, summary_lines
 
 
 def checked_settings(cfg: DictConfig) -> None:
@@ -34,6 +32,9 @@ def main() -> None:
 
 @hydra.main(config_path=config_dir(), config_name="eval", version_base="1.3")
 def run(cfg: DictConfig) -> None:
+    # torch and the model are imported by the work that needs them: --help starts at once.
+    from aiayn.config.build import decoding_options
+    from aiayn.evaluation.evaluate import Texts, compared_system, evaluate, summary_lines
 
     with reported_as_usage_errors("aiayn-eval"):
         checkpoint = required_checkpoint(cfg.checkpoint)

@@ -12,7 +12,6 @@ from omegaconf import DictConfig
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError
-from aiayn.export.checkpoint import export_checkpoint
 
 
 def main() -> None:
@@ -23,6 +22,8 @@ def main() -> None:
 
 @hydra.main(config_path=config_dir(), config_name="export", version_base="1.3")
 def run(cfg: DictConfig) -> None:
+    from aiayn.export.checkpoint import export_checkpoint  # torch: imported by the work, --help starts at once
+
     with reported_as_usage_errors("aiayn-export"):
         checkpoint = required_checkpoint(cfg.checkpoint)
         if not cfg.output or not isinstance(cfg.output, str):

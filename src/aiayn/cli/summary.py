@@ -8,19 +8,21 @@ import tempfile
 from typing import Any
 
 import hydra
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
-from aiayn.config.build import transformer_config
 from aiayn.config.compose import config_dir
-from aiayn.model import Transformer, parameters_by_component, training_flops_per_token
 
 
 def summarize(cfg: DictConfig) -> dict[str, Any]:
     """The model's parameters (total and by component), its training FLOPs per token and its settings.
     The model is built on the meta device: its shapes are counted, no memory is allocated for them."""
+    # torch and the model layer are imported here, by the work that needs them: --help starts at once.
+    import torch
+
+    from aiayn.config.build import transformer_config
+    from aiayn.model import Transformer, parameters_by_component, training_flops_per_token
 
     model_cfg = transformer_config(cfg)
     with torch.device("meta"):

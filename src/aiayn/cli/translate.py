@@ -26,10 +26,8 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
-from aiayn.config.build import decoding_options
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError, DataError, whole
-from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.files import atomic_write, same_file
 
 # The settings that name something, and what they must be.
@@ -51,6 +49,9 @@ def main() -> None:
 
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
+    # torch and the model are imported by the work that needs them: --help starts at once.
+    from aiayn.config.build import decoding_options
+    from aiayn.evaluation.translator import Translator, load_translation_model
 
     with reported_as_usage_errors("aiayn-translate"):
         source, target = checked_files(cfg)
