@@ -20,12 +20,6 @@ from aiayn.training.schedule import NoamSchedule
 from helpers.runs import SMOKE_RUN_EXTRA, copy_of, smoke_run, train_in_process
 
 
-@pytest.fixture
-def finished(smoke_run_dir: Path) -> Path:
-    """The session's smoke run: its 12 steps done, checkpoints after steps 6 and 12. Resumed into copies only."""
-    return smoke_run_dir
-
-
 def continued(root: Path, cache: Path, *extra: str) -> list[str]:
     """The overrides of the smoke run, which a resume of it continues, plus ``extra``."""
     return smoke_run(root, cache, *SMOKE_RUN_EXTRA, *extra)
@@ -46,7 +40,7 @@ def last_error(capsys: pytest.CaptureFixture) -> str:
     ],
 )
 def test_a_resume_that_cannot_honour_a_setting_is_refused_naming_both_values(
-    finished: Path,
+    smoke_run_dir: Path,
     tmp_path: Path,
     corpus_root: Path,
     cache_dir: Path,
@@ -55,7 +49,7 @@ def test_a_resume_that_cannot_honour_a_setting_is_refused_naming_both_values(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    last = finished / "checkpoints" / "last.ckpt"
+    last = smoke_run_dir / "checkpoints" / "last.ckpt"
     argv = [*continued(corpus_root, cache_dir, change, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
     assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
@@ -64,7 +58,7 @@ def test_a_resume_that_cannot_honour_a_setting_is_refused_naming_both_values(
 
 
 def test_a_resume_on_a_changed_corpus_is_refused(
-    finished: Path,
+    smoke_run_dir: Path,
     tmp_path: Path,
     corpus_root: Path,
     cache_dir: Path,
@@ -75,7 +69,7 @@ def test_a_resume_on_a_changed_corpus_is_refused(
     shutil.copytree(corpus_root, corpus)
     lines = (corpus / "train.de").read_text().splitlines(keepends=True)
     (corpus / "train.de").write_text("".join(["ein anderer Satz\n", *lines[1:]]))
-    last = finished / "checkpoints" / "last.ckpt"
+    last = smoke_run_dir / "checkpoints" / "last.ckpt"
     argv = [*continued(corpus, cache_dir, "trainer.max_steps=18"), f"hydra.run.dir={tmp_path / 'new'}"]
     assert train_in_process([*argv, f"resume={last}"], monkeypatch) == 2
     error = last_error(capsys)
@@ -83,14 +77,14 @@ def test_a_resume_on_a_changed_corpus_is_refused(
 
 
 def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
-    finished: Path,
+    smoke_run_dir: Path,
     tmp_path: Path,
     corpus_root: Path,
     cache_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    run_dir = copy_of(finished, tmp_path)
+    run_dir = copy_of(smoke_run_dir, tmp_path)
     argv = [*continued(corpus_root, cache_dir, "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")]
     with caplog.at_level(logging.WARNING):
         assert train_in_process([*argv, f"hydra.run.dir={run_dir}", "resume=true"], monkeypatch) == 0
@@ -124,9 +118,9 @@ def test_a_multirun_job_continues_only_its_own_overrides(
 
 
 def test_resuming_an_older_step_sets_the_newer_checkpoints_aside(
-    finished: Path, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    smoke_run_dir: Path, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_dir = copy_of(finished, tmp_path)
+    run_dir = copy_of(smoke_run_dir, tmp_path)
     step6 = run_dir / "checkpoints" / "step0000006.ckpt"
     abandoned = (run_dir / "checkpoints" / "step0000012.ckpt").read_bytes()
     argv = [*continued(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", f"resume={step6}"]
@@ -138,14 +132,14 @@ def test_resuming_an_older_step_sets_the_newer_checkpoints_aside(
 
 
 def test_resume_false_never_continues_a_run(
-    finished: Path,
+    smoke_run_dir: Path,
     tmp_path: Path,
     corpus_root: Path,
     cache_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    run_dir = copy_of(finished, tmp_path)
+    run_dir = copy_of(smoke_run_dir, tmp_path)
     before = (run_dir / "checkpoints" / "last.ckpt").read_bytes()
     argv = [*continued(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", "resume=false"]
     assert train_in_process(argv, monkeypatch) == 2
@@ -154,7 +148,7 @@ def test_resume_false_never_continues_a_run(
 
 
 def test_a_resume_on_other_processes_or_accumulation_is_refused(
-    finished: Path,
+    smoke_run_dir: Path,
     tmp_path: Path,
     corpus_root: Path,
     cache_dir: Path,
@@ -162,7 +156,7 @@ def test_a_resume_on_other_processes_or_accumulation_is_refused(
     capsys: pytest.CaptureFixture,
 ) -> None:
     """``trainer.devices=auto`` is one setting on machines of 2 and of 8 GPUs: the layout is compared."""
-    checkpoint = torch.load(finished / "checkpoints" / "last.ckpt", weights_only=True)
+    checkpoint = torch.load(smoke_run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint[RUN_KEY][BATCH_KEY] == {"world_size": 1, "accumulation": 1}
     checkpoint[RUN_KEY][BATCH_KEY]["world_size"] = 2  # as written by a run of two processes
     moved = tmp_path / "two-processes.ckpt"

@@ -18,7 +18,8 @@ from aiayn.experiments.sweeps.launchers import executor_settings
 from aiayn.experiments.sweeps.runner import run_sweep
 from aiayn.experiments.sweeps.state import STATE_FILE, SUBMITIT_FOLDER, SweepError, SweepState
 from helpers.batch_recorder import HELD, RELEASE, recorded
-from helpers.sweeps import TESTS, run_runner, script_sweep, sweep_main, trials, wait_until
+from helpers.processes import environment, wait_until
+from helpers.sweeps import run_runner, script_sweep, sweep_main, trials
 
 JOB_SWEEP = """\
 name: jobs
@@ -69,7 +70,7 @@ def task_of(job_id: str) -> int:
 def test_submitted_trials_survive_their_runner_and_a_preemption(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, wandb_offline: None
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the recorder
+    monkeypatch.setenv("PYTHONPATH", environment()["PYTHONPATH"])  # the recorder
     sweep = tmp_path / "jobs.yaml"
     sweep.write_text(JOB_SWEEP.format(root=corpus_root, cache=cache_dir))
     folder = tmp_path / "outputs" / "sweeps" / "jobs"
@@ -93,7 +94,7 @@ def test_submitted_trials_survive_their_runner_and_a_preemption(
             return False
         return (folder / states[0]["run_dir"] / "batches" / HELD).is_file()
 
-    wait_until(training, "both jobs submitted and the first training", runner)
+    wait_until(training, runner, "both jobs submitted and the first training")
     submitted = trials(folder)
     assert [t["launcher"] for t in submitted] == ["submitit-local"] * 2 and all(t["job_id"] for t in submitted)
     runner.kill()  # the runner dies; its jobs go on

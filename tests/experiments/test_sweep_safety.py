@@ -26,7 +26,8 @@ from aiayn.experiments.sweeps.file import default_folder
 from aiayn.experiments.sweeps.state import STATE_FILE, SweepError, SweepState, Trial
 from aiayn.experiments.sweeps.trial import last_logged
 from helpers.batch_recorder import HELD, RELEASE
-from helpers.sweeps import TESTS, run_runner, script_sweep, start_runner, sweep_main, trials, wait_until
+from helpers.processes import environment, wait_until
+from helpers.sweeps import run_runner, script_sweep, start_runner, sweep_main, trials
 
 TRIAL = """\
 import json, os, signal, sys, time
@@ -87,7 +88,7 @@ SWEEP_FOLDER = Path("outputs", "sweeps", "s")
 def test_a_stopped_runner_stops_its_trials_gently_and_continues_them(signum: int, tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
     runner = start_runner(fake_sweep(tmp_path, [1, 2], "seconds=120"), tmp_path, "--parallel", "2")
-    wait_until(started(folder, 2), "two trials started", runner)
+    wait_until(started(folder, 2), runner, "two trials started")
     if signum == signal.SIGINT:
         os.killpg(runner.pid, signal.SIGINT)  # Ctrl-C: the terminal signals its foreground process group
     else:
@@ -115,9 +116,9 @@ def test_a_stopped_runner_stops_its_trials_gently_and_continues_them(signum: int
 def test_a_second_ctrl_c_kills_the_trials_at_once(tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
     runner = start_runner(fake_sweep(tmp_path, [1], "seconds=120", "stubborn=yes"), tmp_path)
-    wait_until(started(folder, 1), "the trial started", runner)
+    wait_until(started(folder, 1), runner, "the trial started")
     os.killpg(runner.pid, signal.SIGINT)
-    wait_until(lambda: "ignored" in {e for d in folder.glob("*/") for e, _, _ in events(d)}, "the SIGTERM", runner)
+    wait_until(lambda: "ignored" in {e for d in folder.glob("*/") for e, _, _ in events(d)}, runner, "the SIGTERM")
     asked = time.monotonic()
     os.killpg(runner.pid, signal.SIGINT)  # rather than waiting STOP_SECONDS for a trial that does not stop
     runner.communicate(timeout=30)
@@ -135,7 +136,7 @@ def test_a_restarted_runner_waits_for_the_trial_its_killed_predecessor_left(tmp_
     sweep = fake_sweep(tmp_path, [1], "seconds=0", f"until={go}")
     try:
         runner = start_runner(sweep, tmp_path)
-        wait_until(started(folder, 1), "the trial started", runner)
+        wait_until(started(folder, 1), runner, "the trial started")
         runner.kill()  # kill -9: no handler runs; the trial lives on in its own session
         runner.communicate()
 
@@ -144,7 +145,7 @@ def test_a_restarted_runner_waits_for_the_trial_its_killed_predecessor_left(tmp_
         def waiting() -> bool:
             return (trials(folder)[0]["error"] or "").startswith("waiting for pid")
 
-        wait_until(waiting, "the runner waiting for the trial", again)
+        wait_until(waiting, again, "the runner waiting for the trial")
     finally:
         go.touch()  # the orphaned trial ends, whatever happened
     _, stderr = again.communicate(timeout=60)
@@ -175,7 +176,7 @@ def test_a_trial_waits_until_its_run_folder_is_released_and_then_continues(tmp_p
             recorded = trials(folder) if (folder / STATE_FILE).exists() else []
             return bool(recorded) and (recorded[0]["error"] or "").startswith("waiting for pid")
 
-        wait_until(waiting, "the runner waiting for the holder", runner)
+        wait_until(waiting, runner, "the runner waiting for the holder")
         assert not (run_dir / "events").exists()
         go.touch()
         _, stderr = runner.communicate(timeout=60)
@@ -262,13 +263,13 @@ command:
 def test_ctrl_c_stops_real_trials_which_save_and_continue(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("PYTHONPATH", f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")  # the recorder
+    monkeypatch.setenv("PYTHONPATH", environment()["PYTHONPATH"])  # the recorder
     batches = tmp_path / "batches"
     sweep = tmp_path / "smoke.yaml"
     sweep.write_text(SMOKE_SWEEP.format(root=corpus_root, cache=cache_dir, batches=batches))
     folder = tmp_path / "outputs" / "sweeps" / "smoke"
     runner = start_runner(sweep, tmp_path)
-    wait_until((batches / HELD).is_file, "the trial held after its second batch", runner)
+    wait_until((batches / HELD).is_file, runner, "the trial held after its second batch")
     os.killpg(runner.pid, signal.SIGINT)  # the runner sends the trial SIGTERM; it stops at its next batch
     (batches / RELEASE).touch()  # (the continued trial passes its hold at once)
     _, stderr = runner.communicate(timeout=120)

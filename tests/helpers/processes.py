@@ -54,9 +54,10 @@ def finish(*overrides: str, cwd: Path | None = None) -> str:
 
 
 def wait_until(condition: Callable[[], bool], process: subprocess.Popen[str], what: str) -> None:
+    """Until ``condition`` holds; the test fails when ``process`` (a run, a sweep runner) ends first."""
     deadline = time.monotonic() + TIMEOUT
     while not condition():
-        assert process.poll() is None, f"the run ended before {what}: {process.stderr.read()[-3000:]}"
+        assert process.poll() is None, f"the process ended before {what}: {process.communicate()}"
         assert time.monotonic() < deadline, f"no {what}"
         time.sleep(0.01)
 

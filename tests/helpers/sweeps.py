@@ -9,8 +9,7 @@ import json
 import random
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -20,7 +19,6 @@ import pytest
 from aiayn.cli import sweep as sweep_cli
 from aiayn.experiments.sweeps.state import STATE_FILE
 
-TESTS = Path(__file__).resolve().parents[1]
 # The smallest sweep aiayn-sweep accepts: one trial, of seed 1.
 GRID = "method: grid\nparameters: {seed: {values: [1]}}\ncommand: ['${args_no_hyphens}']\n"
 
@@ -69,16 +67,6 @@ def start_runner(sweep: Path, cwd: Path, *args: str) -> subprocess.Popen[str]:
 def run_runner(sweep: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "aiayn.cli.sweep", str(sweep), *args]
     return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
-
-
-def wait_until(condition: Callable[[], bool], what: str, runner: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Until ``condition`` holds; the test fails when ``runner`` ends first or after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if runner.poll() is not None:
-            pytest.fail(f"the runner ended before {what}: {runner.communicate()}")
-        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
-        time.sleep(0.05)
 
 
 def trials(folder: Path) -> list[dict]:
