@@ -11,6 +11,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
+from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError
 
@@ -26,6 +27,7 @@ def checked_settings(cfg: DictConfig) -> None:
 
 def main() -> None:
     """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    exit_with_help_if_asked("aiayn-eval", "eval")
     with reported_hydra_errors("aiayn-eval"):
         run()
 

@@ -10,12 +10,14 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint
+from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError
 
 
 def main() -> None:
     """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    exit_with_help_if_asked("aiayn-export", "export")
     with reported_hydra_errors("aiayn-export"):
         run()
 

@@ -12,6 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
+from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 
 
@@ -42,6 +43,7 @@ def main() -> None:
 
     A summary leaves nothing where it runs: ``-m``'s sweep folder (Hydra writes ``multirun.yaml`` and a
     folder per job into it) is a temporary one, removed at the end."""
+    exit_with_help_if_asked("aiayn-summary", "summary", multirun=True)
     argv = sys.argv
     # Composing merges this config's hydra.run.dir over train's, and OmegaConf resolves train's on the way:
     # with an earlier run's Hydra state left in this process (a notebook, a test), its resolver would

@@ -26,6 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
+from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.errors import ConfigError, DataError, whole
 from aiayn.files import atomic_write, same_file
@@ -43,6 +44,7 @@ NAMES = {
 
 def main() -> None:
     """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line."""
+    exit_with_help_if_asked("aiayn-translate", "translate")
     with reported_hydra_errors("aiayn-translate"):
         run()
 
