@@ -19,6 +19,9 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     # processes its tests start, which inherit this) only wait on each other's cores. Set before any
     # test module imports torch; runs compared bit for bit share the setting.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // workers)))
+# Where a user's shell may send runs and sweeps (aiayn.config.naming): the tests choose their folders.
+for name in ("AIAYN_OUTPUT", "AIAYN_SWEEP_DIR", "AIAYN_RUN_DIR", "WANDB_SWEEP_ID", "WANDB_RUN_ID"):
+    os.environ.pop(name, None)
 ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written by assets/make_corpus.py
 
 

@@ -18,8 +18,9 @@ import pytest
 import yaml
 from hydra.types import RunMode
 
-from aiayn.config.naming import latest_run, multirun_dir, reserved_folder
+from aiayn.config.naming import latest_run, multirun_dir, reserved_folder, sweep_dir
 from aiayn.errors import RunFolderBusy
+from aiayn.experiments.sweeps.file import default_folder
 from aiayn.files import hold_run_folder, release_run_folder, run_folder_holder
 from helpers.batch_recorder import HELD, recorder
 from helpers.processes import hold_and_signal, start, stopped, wait_until
@@ -128,9 +129,9 @@ def tree(folder: Path) -> dict[str, bytes | None]:
 def test_a_multiruns_folder_is_reserved_by_a_multirun_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for mode in (None, RunMode.RUN):  # a run, or its config printed (--cfg hydra --resolve): a name, no folder
-        assert multirun_dir("2026-12-01_10-00-00", mode) == "outputs/multirun/2026-12-01_10-00-00"
+        assert multirun_dir("outputs", "2026-12-01_10-00-00", mode) == "outputs/multirun/2026-12-01_10-00-00"
     assert not (tmp_path / "outputs").exists()
-    folders = [multirun_dir("2026-12-01_10-00-00", RunMode.MULTIRUN) for _ in range(3)]
+    folders = [multirun_dir("outputs", "2026-12-01_10-00-00", RunMode.MULTIRUN) for _ in range(3)]
     assert folders == [f"outputs/multirun/2026-12-01_10-00-00{tail}" for tail in ("", "-2", "-3")]
     assert all((tmp_path / folder).is_dir() for folder in folders)
 
@@ -193,3 +194,24 @@ def test_a_multiruns_jobs_hold_their_folders_while_they_run_and_no_longer(
         {folders[0]: True, folders[1]: False, folders[2]: True},
     ]
     assert [run_folder_holder(Path(folder)) for folder in folders] == [None, None, None]
+
+
+def test_runs_multiruns_and_sweeps_go_under_the_output_root(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    scratch = tmp_path / "scratch"
+    monkeypatch.setenv("AIAYN_OUTPUT", str(scratch))
+    assert train_in_process(["-m", "resume=true", *smoke_run(corpus_root, cache_dir)], monkeypatch) == 2
+    (multirun,) = (scratch / "multirun").iterdir()
+    assert (multirun / "0" / ".hydra").is_dir()
+    capsys.readouterr()
+    # paths.output_dir on the command line wins over $AIAYN_OUTPUT
+    argv = ["--cfg", "all", "--resolve", f"paths.output_dir={tmp_path / 'mine'}", *smoke_run(corpus_root, cache_dir)]
+    assert train_in_process(argv, monkeypatch) == 0
+    run_dir = Path(yaml.safe_load(capsys.readouterr().out)["hydra"]["run"]["dir"])
+    assert run_dir.parent == tmp_path / "mine" / "tiny_multi30k_en_de"
+    assert default_folder({"name": "heads"}, Path("sweeps/heads.yaml")) == scratch / "sweeps" / "heads"
+    monkeypatch.setenv("WANDB_SWEEP_ID", "abc123")  # a trial of `wandb agent`
+    assert sweep_dir() == str(scratch / "sweeps" / "abc123")
+    assert not (tmp_path / "outputs").exists()

@@ -166,15 +166,21 @@ def test_random_and_bayes_draw_distinct_values_within_the_space_as_plain_numbers
 def test_trial_folders_are_named_after_the_swept_parameters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     overrides = ["experiment=mini/base", "data.root=/data", "model.positional=none", "+x=1", "seed=2"]
     monkeypatch.chdir(tmp_path)
-    assert run_dir("mini_base", None, overrides, "2026-11-30_10-00-00") == "outputs/mini_base/2026-11-30_10-00-00"
-    assert run_dir("mini_base", "sw", overrides, "t") == "sw/experiment=mini_base,model.positional=none,+x=1,seed=2"
+    assert (
+        run_dir("outputs", "mini_base", None, overrides, "2026-11-30_10-00-00")
+        == "outputs/mini_base/2026-11-30_10-00-00"
+    )
+    assert (
+        run_dir("outputs", "mini_base", "sw", overrides, "t")
+        == "sw/experiment=mini_base,model.positional=none,+x=1,seed=2"
+    )
     params = tmp_path / "config-abc.yaml"  # what `wandb agent` writes for a trial
     params.write_text(yaml.safe_dump({"model.positional": {"value": "none"}, "+x": {"value": 1}, "seed": {"value": 2}}))
     monkeypatch.setenv("WANDB_SWEEP_PARAM_PATH", str(params))
     monkeypatch.setenv("WANDB_RUN_ID", "ab12cd")  # random and bayes may propose a setting twice
-    assert run_dir("mini_base", "sw", overrides, "t") == "sw/model.positional=none,+x=1,seed=2-ab12cd"
+    assert run_dir("outputs", "mini_base", "sw", overrides, "t") == "sw/model.positional=none,+x=1,seed=2-ab12cd"
     monkeypatch.setenv("AIAYN_RUN_DIR", "/sweeps/s/seed=2")  # aiayn-sweep's choice wins
-    assert run_dir("mini_base", "sw", overrides, "t") == "/sweeps/s/seed=2"
+    assert run_dir("outputs", "mini_base", "sw", overrides, "t") == "/sweeps/s/seed=2"
 
 
 def test_a_setting_proposed_twice_gets_a_second_folder(tmp_path: Path) -> None:

@@ -35,7 +35,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "overrides", nargs="*", help="Hydra overrides added to every trial's command (they win over the file's)"
     )
-    parser.add_argument("--dir", type=Path, help="the sweep's folder (default: outputs/sweeps/<sweep name>)")
+    parser.add_argument(
+        "--dir", type=Path, help="the sweep's folder (default: $AIAYN_OUTPUT/sweeps/<sweep name>, else outputs/...)"
+    )
     parser.add_argument(
         "--count", type=int, help="trials in the sweep in all (default: the file's run_cap; a grid: all of it)"
     )

@@ -16,17 +16,15 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
-from pytorch_lightning.utilities import rank_zero_only
 
 from aiayn.cli.common import fail, quiet_libraries, reported_hydra_errors, reported_run_errors
+from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.config.naming import RUN_DIR_ENV
-from aiayn.config.preflight import check_multirun_resume
 from aiayn.config.run_folder import dashboard_group, named_by_user
-from aiayn.errors import DataError, RunFolderBusy
-from aiayn.experiments.run import train
+from aiayn.errors import ConfigError, DataError, RunFolderBusy
 from aiayn.files import held_folders, hold_run_folder, release_run_folder
-from aiayn.machine import retain_freed_memory
+from aiayn.machine import process_rank, retain_freed_memory
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +33,7 @@ def main() -> None:
     """The console script: :func:`run`, with errors a user can act on reported in one line. The folders
     it held are given up when it ends, however it ends (it may run inside a longer process: a test, a
     notebook)."""
+    exit_with_help_if_asked("aiayn-train", "train", multirun=True)
     quiet_libraries()
     before = held_folders()
     try:
@@ -53,7 +52,14 @@ def main() -> None:
 
 
 @hydra.main(config_path=config_dir(), config_name="train", version_base="1.3")
-def run(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> float:
+    """Train one run (or one job of a multirun); the run's best value of ``checkpoint.monitor``, which
+    Hydra's sweepers (``hparams_search=...``) optimise, is returned."""
+    # Lightning and the model are imported for the work: --help and Hydra's errors come at once.
+    from aiayn.cli.multirun import check_launcher, one_job, sweeper_trial, sweeper_value
+    from aiayn.config.preflight import check_multirun_resume
+    from aiayn.experiments.run import train
+
     if not retain_freed_memory():
         log.info("glibc allocator thresholds not set (not glibc): large tensors will be mmapped per step")
     hydra_cfg = HydraConfig.get()
@@ -66,15 +72,22 @@ def run(cfg: DictConfig) -> None:
         )
         raise SystemExit(2)
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode == RunMode.MULTIRUN
     # A folder named by the user (hydra.run.dir=..., a sweep's trial folder) is never removed on errors.
-    named = named_by_user(hydra_cfg, "run") or hydra_cfg.mode == RunMode.MULTIRUN  # a job's: <sweep>/<job number>
-    multirun = hydra_cfg.mode == RunMode.MULTIRUN and not os.environ.get(RUN_DIR_ENV)
-    again = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun else ""
-    with reported_run_errors("aiayn-train", run_dir, created=not named, again=again):
-        check_multirun_resume(cfg.resume, cfg.sweep_dir, multirun=hydra_cfg.mode == RunMode.MULTIRUN)
-        results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg))
-    if rank_zero_only.rank == 0:  # under DDP every rank runs this; one summary is enough
+    named = named_by_user(hydra_cfg, "run") or multirun  # a job's: <sweep>/<job number>
+    again = f"hydra.sweep.dir={hydra_cfg.sweep.dir}" if multirun and not os.environ.get(RUN_DIR_ENV) else ""
+    results = None
+    with contextlib.ExitStack() as job:
+        # A multirun's job: its DDP ranks run this job alone, and leave nothing behind for the next job.
+        callbacks = [job.enter_context(one_job(hydra_cfg))] if multirun else []
+        with sweeper_trial(hydra_cfg), reported_run_errors("aiayn-train", run_dir, created=not named, again=again):
+            check_multirun_resume(cfg.resume, cfg.sweep_dir, multirun=multirun)
+            if multirun:
+                check_launcher(cfg.trainer, hydra_cfg)
+            results = train(cfg, run_dir, list(hydra_cfg.overrides.task), dashboard_group(cfg), callbacks)
+    if results is not None and process_rank() == 0:  # under DDP every rank runs this; one summary is enough
         print(json.dumps(results))
+    return sweeper_value(results, cfg.checkpoint.mode)
 
 
 class RunFolderLock(Callback):
@@ -91,17 +104,23 @@ class RunFolderLock(Callback):
         self._hold(config, "run")
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from aiayn.cli.multirun import check_launcher
+
+        try:  # before any job: a launcher that cannot start DDP ranks (each job checks its own config too)
+            check_launcher(config.trainer, config.hydra)
+        except ConfigError as error:
+            fail("aiayn-train", error, 2)
         self._hold(config, "sweep")
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.mode == RunMode.MULTIRUN and rank_zero_only.rank == 0:
+        if config.hydra.mode == RunMode.MULTIRUN and process_rank() == 0:
             release_run_folder(Path(config.hydra.runtime.output_dir))
 
     @staticmethod
     def _hold(config: DictConfig, node: str) -> None:
         """Hold ``hydra.<node>.dir``; a folder that another process writes, or whose file system has no
         locks, ends the command in one line with exit status 2."""
-        if rank_zero_only.rank != 0:  # a DDP rank that Lightning started: the first rank holds the folder
+        if process_rank() != 0:  # a DDP rank that Lightning started: the first rank holds the folder
             return
         HydraConfig.instance().set_config(config)  # the folder's name reads the runtime choices
         try:

@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from aiayn.config.naming import experiment_name, job_dir, multirun_dir, run_dir, sweep_dir
+from aiayn.config.naming import experiment_name, job_dir, multirun_dir, output_root, run_dir, sweep_dir
 
 
 def config_dir() -> str:
@@ -45,6 +45,7 @@ def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 # conf/train.yaml names these; registered on import, before any entry point composes its config.
 OmegaConf.register_new_resolver("aiayn.experiment_name", experiment_name, replace=True)
+OmegaConf.register_new_resolver("aiayn.output_root", output_root, replace=True)
 OmegaConf.register_new_resolver("aiayn.sweep_dir", sweep_dir, replace=True)
 # Cached: the folder is chosen once per run; Lightning reads it again when it starts the DDP ranks, and
 # resume=true must not then pick another run's folder.

@@ -23,12 +23,19 @@ from aiayn.machine import process_rank
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
 RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
+OUTPUT_ENV = "AIAYN_OUTPUT"  # where runs, multiruns and sweeps are written (cluster scratch); default outputs/
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
     "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
-    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir",
+    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir", "paths.",
 )  # fmt: skip
 MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
+
+
+def output_root() -> str:
+    """The folder every run, multirun and sweep folder goes in: ``$AIAYN_OUTPUT``, else ``outputs``
+    (relative to the working folder). aiayn-train's ``paths.output_dir`` defaults to it."""
+    return os.environ.get(OUTPUT_ENV) or "outputs"
 
 
 def experiment_name(experiment: str | None, model: str, data: str) -> str:
@@ -76,13 +83,14 @@ def run_label(overrides: Sequence[str]) -> str:
     return label
 
 
-def sweep_dir() -> str | None:
+def sweep_dir(root: str | None = None) -> str | None:
     """The folder of the sweep this process is a trial of: ``$AIAYN_SWEEP_DIR`` (aiayn-sweep), else
-    ``outputs/sweeps/<sweep id>`` under ``wandb agent`` (which sets ``WANDB_SWEEP_ID``), else None."""
+    ``<root>/sweeps/<sweep id>`` under ``wandb agent`` (which sets ``WANDB_SWEEP_ID``; ``root`` defaults
+    to :func:`output_root`), else None."""
     if os.environ.get(SWEEP_DIR_ENV):
         return os.environ[SWEEP_DIR_ENV]
     if os.environ.get("WANDB_SWEEP_ID"):
-        return f"outputs/sweeps/{os.environ['WANDB_SWEEP_ID']}"
+        return str(Path(root or output_root()) / "sweeps" / os.environ["WANDB_SWEEP_ID"])
     return None
 
 
@@ -97,13 +105,14 @@ def sweep_parameters() -> set[str] | None:
     return set(params) if isinstance(params, dict) else None
 
 
-def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, resume: Any = None) -> str:
+def run_dir(root: str, name: str, sweep: str | None, overrides: Sequence[str], now: str, resume: Any = None) -> str:
     """A run's folder: the one aiayn-sweep chose for its trial (``$AIAYN_RUN_DIR``: a trial run again
     continues there from its last checkpoint); under ``wandb agent``, ``<sweep>/<the overrides the sweep
     sets>-<W&B run id>`` (random and bayes may propose one setting twice); with ``resume=true``, the
     latest earlier run of ``name`` that has a last checkpoint (:func:`latest_run`); else
-    ``outputs/<name>/<start time>``, created here so that no other run takes it: a run started in the
-    same second (another seed of a grid started by a script) gets ``<start time>-2``."""
+    ``<root>/<name>/<start time>`` (``root``: ``paths.output_dir``), created here so that no other run
+    takes it: a run started in the same second (another seed of a grid started by a script) gets
+    ``<start time>-2``."""
     if os.environ.get(RUN_DIR_ENV):
         return os.environ[RUN_DIR_ENV]
     if sweep:
@@ -111,7 +120,7 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
         chosen = [o for o in overrides if o.split("=", 1)[0] in swept] if swept else defining_overrides(overrides)
         run_id = os.environ.get("WANDB_RUN_ID")
         return str(Path(sweep) / (run_label(chosen) + (f"-{run_id}" if run_id else "")))
-    runs = Path("outputs") / name
+    runs = Path(root) / name
     if resume is True and (latest := latest_run(runs)):
         return str(latest)
     if process_rank() != 0:  # ranks started by srun or torchrun: the first one reserves the folder
@@ -119,12 +128,12 @@ def run_dir(name: str, sweep: str | None, overrides: Sequence[str], now: str, re
     return str(reserved_folder(runs, now))
 
 
-def multirun_dir(now: str, mode: RunMode | None) -> str:
-    """A multirun's folder (``aiayn-train -m``; ``mode`` is ``hydra.mode``): ``outputs/multirun/<start
+def multirun_dir(root: str, now: str, mode: RunMode | None) -> str:
+    """A multirun's folder (``aiayn-train -m``; ``mode`` is ``hydra.mode``): ``<root>/multirun/<start
     time>``, created here so that no other multirun takes it, as :func:`run_dir` does for a run: one
     started in the same second gets ``<start time>-2``. Resolved once, in the process that launches the
     jobs (Hydra copies the value into each job's config). Outside a multirun it is only a name."""
-    folder = Path("outputs") / "multirun"
+    folder = Path(root) / "multirun"
     if mode != RunMode.MULTIRUN or process_rank() != 0:
         return str(folder / now)
     return str(reserved_folder(folder, now))

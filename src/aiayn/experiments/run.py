@@ -56,6 +56,7 @@ class RunResults:
     val_ppl: float
     val_loss: float
     best_val_bleu: float | None  # the best validation BLEU of the run (best.ckpt's), when it monitors val/bleu
+    best_score: float | None  # the best value of checkpoint.monitor (best.ckpt's): what Hydra's sweepers optimise
     decoding: dict[str, Any]
     steps: int
     epochs: int
@@ -174,7 +175,8 @@ def collect_results(
         val_bleu=val["val/bleu"],
         val_ppl=val["val/ppl"],
         val_loss=val["val/loss"],
-        best_val_bleu=best_score(run.best),
+        best_val_bleu=best_score(run.best) if run.best.monitor == "val/bleu" else None,
+        best_score=best_score(run.best),
         decoding=module.decoding.to_dict(),
         steps=trainer.global_step,
         epochs=trainer.current_epoch,
@@ -204,9 +206,9 @@ def best_checkpoint(run: RunCallbacks) -> Path:
 
 
 def best_score(best: ModelCheckpoint) -> float | None:
-    """The best validation BLEU (the score of ``best.ckpt``) when the run ranks by it."""
+    """The best value of the monitored metric (the score of ``best.ckpt``), if a validation ranked one."""
     score = best.best_model_score
-    return float(score) if best.monitor == "val/bleu" and score is not None else None
+    return float(score) if score is not None else None
 
 
 def in_run(path: Path, run_dir: Path) -> str:

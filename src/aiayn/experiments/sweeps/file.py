@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from aiayn.config.naming import output_root
 from aiayn.experiments.sweeps.state import FAILED, FINISHED, INTERRUPTED, SweepError, Trial
 from aiayn.training.metrics import EVALUATION_METRICS
 
@@ -201,7 +202,8 @@ def expand(config: dict[str, Any], limit: int) -> list[dict[str, Any]]:
 
 
 def default_folder(config: dict[str, Any], source: Path) -> Path:
-    """``outputs/sweeps/<the file's name: key, else its file name>``; a name that is not one plain folder name
+    """``<output root>/sweeps/<the file's name: key, else its file name>`` (the output root:
+    ``$AIAYN_OUTPUT``, else ``outputs``); a name that is not one plain folder name
     (``../x``, ``/x``, ``a/b``, ``.``, empty) would put the sweep and its trials somewhere else."""
     name = str(Path(source).stem if config.get("name") is None else config["name"])
     if name in ("", "..") or Path(name).name != name:
@@ -209,7 +211,7 @@ def default_folder(config: dict[str, Any], source: Path) -> Path:
             f"{source}: name: {name!r} is not a folder name (the sweep's folder is outputs/sweeps/<name>); "
             "use a plain name, without / or .., or pass --dir <folder>"
         )
-    return Path("outputs") / "sweeps" / name
+    return Path(output_root()) / "sweeps" / name
 
 
 def trial_count(config: dict[str, Any], count: int | None, source: Path) -> int | None:

@@ -1,0 +1,66 @@
+"""A real search by Hydra's Optuna sweeper (``aiayn-train -m hparams_search=mini_optuna``): each trial is a
+run whose best monitored score the task returns; a trial that fails ends in its one line and the search
+goes on."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from helpers.extras import dev_extra
+from helpers.runs import SMOKE_RUN_EXTRA, smoke_run, train_in_process
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_optuna_search_optimises_the_runs_best_score_and_goes_on_after_a_failed_trial(
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    dev_extra("hydra_plugins.hydra_optuna_sweeper")
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "-m",
+        "hparams_search=mini_optuna",
+        *smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA),
+        "hydra.sweeper.n_trials=2",
+        # minimised (the search follows checkpoint.mode): a smoke run's BLEU is 0, its loss is not
+        "checkpoint.monitor=val/loss",
+        "checkpoint.mode=min",
+        # rotary positions need an even d_k: the trial that draws rope fails, the other trains (TPE, seed 2)
+        "model.d_k=15",
+        "hydra.sweeper.params={model.positional:'choice(rope,sinusoidal)'}",
+        "seed=2",
+    ]
+    assert train_in_process(argv, monkeypatch) == 0
+
+    (multirun,) = (tmp_path / "outputs" / "multirun").iterdir()
+    trials = {
+        job.name: yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+        for job in sorted(multirun.iterdir())
+        if job.is_dir()
+    }
+    assert sorted(trials) == ["0", "1"]
+    positional = {
+        name: next(o.split("=")[1] for o in overrides if o.startswith("model.positional="))
+        for name, overrides in trials.items()
+    }
+    assert sorted(positional.values()) == ["rope", "sinusoidal"]
+    failed = next(name for name, value in positional.items() if value == "rope")
+    trained = next(name for name, value in positional.items() if value == "sinusoidal")
+    assert not (multirun / failed / "results.json").exists()
+    assert "aiayn-train: error: model.d_k=15 must be even for model.positional=rope" in capsys.readouterr().err
+
+    results = json.loads((multirun / trained / "results.json").read_text())
+    # the best checkpoint by val/loss is the one the run evaluated: its validation loss is the trial's value
+    assert math.isfinite(results["best_score"]) and results["best_score"] == pytest.approx(results["val_loss"])
+    best = yaml.safe_load((multirun / "optimization_results.yaml").read_text())
+    assert best["best_value"] == pytest.approx(results["best_score"])
+    assert best["best_params"]["model.positional"] == "sinusoidal"
