@@ -35,6 +35,7 @@ class OfflineRun:
     config: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
     exit_code: int | None = None
+    preempting: bool = False  # the run was marked preempting (run.mark_preempting())
     started_ns: int = 0
 
     def rows_with(self, key: str) -> list[dict[str, Any]]:
@@ -99,6 +100,8 @@ def read_offline_run(folder: Path) -> OfflineRun:
             run.summary.update({_key(i): json.loads(i.value_json) for i in record.summary.update})
         elif kind == "exit":
             run.exit_code = record.exit.exit_code
+        elif kind == "preempting":
+            run.preempting = True
     return run
 
 

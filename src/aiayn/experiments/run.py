@@ -41,6 +41,7 @@ from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpo
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoint_io import RunCheckpointIO
 from aiayn.training.checkpoints import average_checkpoints, save_checkpoint, step_checkpoints
+from aiayn.training.cluster import cluster_environment
 from aiayn.training.loggers.finish import finish_loggers
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
@@ -250,13 +251,15 @@ def build_trainer(
     """Lightning's Trainer with the plan's arguments. Its checkpoints go through
     :class:`~aiayn.training.checkpoint_io.RunCheckpointIO`: written atomically (unless the user brings
     their own checkpoint input/output, for cloud storage ...), checked against ``module`` and this run
-    before anything is restored, deleted only inside ``run_dir/checkpoints``."""
+    before anything is restored, deleted only inside ``run_dir/checkpoints``. In a SLURM job of one task
+    (``wandb agent`` in an sbatch script) Lightning starts the DDP ranks itself (:mod:`aiayn.training.cluster`)."""
     options = dict(plan.trainer)
     plugins = list(options.pop("plugins", None) or [])
     own = [plugin for plugin in plugins if isinstance(plugin, CheckpointIO)]
     folder = run_dir / "checkpoints"
     io = RunCheckpointIO(folder, RestoredState(folder, module), inner=own[0] if own else None)
     plugins = [plugin for plugin in plugins if not isinstance(plugin, CheckpointIO)] + [io]
+    plugins += cluster_environment(options, plugins)  # a one-task SLURM job (wandb agent): Lightning starts the ranks
     return pl.Trainer(**options, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(run_dir))
 
 

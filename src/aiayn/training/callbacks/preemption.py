@@ -45,11 +45,13 @@ class Preemption(Checkpoint):
     restarted run repeats nothing and leaves nothing out. The run stops once Lightning has logged the
     step's metrics, when the next batch would start (or training ends).
 
-    SIGUSR1 and SIGUSR2 then go on to the handlers they had before training (Lightning's SLURM requeue,
-    submitit's checkpoint-and-requeue); SIGTERM's and SIGINT's (Lightning's would stop without a
-    checkpoint) do not run. As a :class:`~pytorch_lightning.callbacks.Checkpoint` this callback runs
-    after the others, whose state (token counts, random generators) then includes the step. A signal
-    that reaches one DDP rank stops all of them at the same step.
+    A scheduler's signal marks the W&B run preempting (under ``wandb agent``, W&B's sweep then requeues
+    the trial into the same run and folder). SIGUSR1 and SIGUSR2 then go on to the handlers they had
+    before training (Lightning's SLURM requeue, submitit's checkpoint-and-requeue); SIGTERM's and
+    SIGINT's (Lightning's would stop without a checkpoint) do not run. As a
+    :class:`~pytorch_lightning.callbacks.Checkpoint` this callback runs after the others, whose state
+    (token counts, random generators) then includes the step. A signal that reaches one DDP rank stops
+    all of them at the same step.
     """
 
     def __init__(self, last: LastCheckpoint) -> None:
@@ -84,18 +86,23 @@ class Preemption(Checkpoint):
         signum = self._agreed_signal(trainer, pl_module)
         if signum:
             self.last.save_in_loop(trainer)
-            self._stopped(signum, trainer.global_step)
+            self._stopped(signum, trainer)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or self.stop is not None:
             return
         signum = self._agreed_signal(trainer, pl_module)
         if signum:  # the validation's own checkpoints, last.ckpt among them, were just written
-            self._stopped(signum, trainer.global_step)
+            self._stopped(signum, trainer)
 
-    def _stopped(self, signum: int, step: int) -> None:
+    def _stopped(self, signum: int, trainer: pl.Trainer) -> None:
+        step = trainer.global_step
         log.warning("%s received: saved %s after step %d", signal.Signals(signum).name, self.last.path, step)
         self.stop = Preempted(signum, step, self.last.path)
+        if signum != signal.SIGINT:  # a scheduler's, not Ctrl-C: the dashboard's run is preempted, not crashed
+            for logger in trainer.loggers:
+                if callable(mark := getattr(logger, "mark_preempting", None)):
+                    mark()
         previous = self._previous.get(signum)
         if signum in REQUEUE_SIGNALS and callable(previous):
             previous(signum, None)  # may requeue the job and exit

@@ -152,6 +152,14 @@ class WandbRunLogger(WandbLogger):
             return
         run.log({**metrics, "trainer/global_step": step}, step=step)
 
+    @rank_zero_only
+    def mark_preempting(self) -> None:
+        """Tells W&B that the run stops to be continued (a scheduler's signal; it saved its last checkpoint):
+        the run ends as preempted, not crashed, and under ``wandb agent`` W&B's sweep requeues the trial
+        with its run id, whose folder (``<sweep>/<overrides>-<run id>``) it then continues."""
+        if self._experiment is not None:
+            self._experiment.mark_preempting()
+
     def finish(self, failed: bool, summary: dict[str, Any] | None = None) -> None:
         """Adds ``summary`` to the run's summary, ends the run (exit code 1 when ``failed``) and says
         where it is, or how to upload it. Only rank 0 ever starts a run; elsewhere this does nothing."""
