@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from aiayn.config.settings import unread_override
 from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy, TrainingDiverged, first_line
 from aiayn.files import LOCK_FILE
 from aiayn.machine import process_rank
@@ -63,8 +64,8 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
     os.environ.update({"HYDRA_FULL_ERROR": "1", _REPORTING: "1"})
     try:
         yield
-    except CompactHydraException as error:
-        fail(program, error, 2)
+    except CompactHydraException as error:  # a top-level key that does not exist: said as aiayn says it
+        fail(program, unread_override(error, program.removeprefix("aiayn-")) or error, 2)
     except OmegaConfBaseException as error:  # an interpolation that cannot be resolved: name='${oops}'
         fail(program, unresolvable(error), 2)
     finally:

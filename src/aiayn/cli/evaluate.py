@@ -8,11 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
+from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError
 
 
@@ -39,6 +41,7 @@ def run(cfg: DictConfig) -> None:
     from aiayn.evaluation.evaluate import Texts, compared_system, evaluate, summary_lines
 
     with reported_as_usage_errors("aiayn-eval"):
+        check_settings(cfg, "eval", HydraConfig.get().overrides.task)
         checkpoint = required_checkpoint(cfg.checkpoint)
         checked_settings(cfg)
         compare = compared_system(cfg.compare)

@@ -7,11 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
+from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError
 
 
@@ -27,6 +29,7 @@ def run(cfg: DictConfig) -> None:
     from aiayn.export.checkpoint import export_checkpoint  # torch: imported by the work, --help starts at once
 
     with reported_as_usage_errors("aiayn-export"):
+        check_settings(cfg, "export", HydraConfig.get().overrides.task)
         checkpoint = required_checkpoint(cfg.checkpoint)
         if not cfg.output or not isinstance(cfg.output, str):
             raise ConfigError("output", cfg.output, "must be the path of a new folder to write the model to")

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
+from aiayn.config.settings import check_settings
 
 
 def summarize(cfg: DictConfig) -> dict[str, Any]:
@@ -61,6 +62,7 @@ def main() -> None:
 @hydra.main(config_path=config_dir(), config_name="summary", version_base="1.3")
 def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-summary"):
+        check_settings(cfg, "summary", HydraConfig.get().overrides.task)
         summary = summarize(cfg)
     print(f"parameters: {summary['params']:,}")
     for name, count in summary["params_by_component"].items():

@@ -23,11 +23,13 @@ from pathlib import Path
 from typing import IO
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
+from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError, DataError, whole
 from aiayn.files import atomic_write, same_file
 
@@ -56,6 +58,7 @@ def run(cfg: DictConfig) -> None:
     from aiayn.evaluation.translator import Translator, load_translation_model
 
     with reported_as_usage_errors("aiayn-translate"):
+        check_settings(cfg, "translate", HydraConfig.get().overrides.task)
         source, target = checked_files(cfg)
         model, tokenizer, _ = load_translation_model(
             required_checkpoint(cfg.checkpoint), cfg.backend, resolve_device(cfg.device), cfg.compute_type

@@ -22,6 +22,7 @@ from aiayn.config.build import (
 )
 from aiayn.config.naming import RunIdentity, run_identity
 from aiayn.config.preflight import check_resolvable, check_run_config
+from aiayn.config.settings import check_settings
 from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.model import DecodingOptions, TransformerConfig
@@ -90,6 +91,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     key. ``overrides`` (the command line's) name the run on the dashboard and ``group`` (its sweep's or
     multirun's) groups it; a grouped run's folder is its overrides'."""
     check_resolvable(cfg)
+    check_settings(cfg, "train", overrides)  # a key added with + that nothing reads: +seeds=3, +ckpt_path=...
     module = module_settings(cfg)
     check_run_config(cfg)
     progress = progress_style(cfg.progress)

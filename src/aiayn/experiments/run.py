@@ -35,6 +35,7 @@ from aiayn.scoring import corpus_scores
 from aiayn.training.batching import batch_layout, configure_batching
 from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.faults import NonFiniteGuard
+from aiayn.training.callbacks.namespaces import as_callback
 from aiayn.training.callbacks.preemption import Preemption
 from aiayn.training.callbacks.progress import progress_callbacks
 from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpoints
@@ -240,7 +241,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
             RandomState(),
             plan.samples,
             *progress_callbacks(plan.progress),
-            *(instantiate(callback) for callback in plan.callbacks),
+            *(as_callback(instantiate(callback)) for callback in plan.callbacks),
         ],
     )
 

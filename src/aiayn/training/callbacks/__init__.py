@@ -2,4 +2,5 @@
 (:mod:`.checkpointing`), what each checkpoint carries beyond Lightning's state (:mod:`.run_state`),
 speed (:mod:`.throughput`), non-finite steps (:mod:`.faults`), a scheduler's signals
 (:mod:`.preemption`), the dashboard's samples and attention maps (:mod:`.samples`), the console
-(:mod:`.progress`), and the steps at which the loggers get the step metrics (:mod:`.cadence`)."""
+(:mod:`.progress`), the steps at which the loggers get the step metrics (:mod:`.cadence`), and users'
+callbacks from the other Lightning package (:mod:`.namespaces`)."""
