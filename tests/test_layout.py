@@ -19,6 +19,7 @@ PACKAGE = Path(aiayn.__file__).resolve().parent
 # modules at the top) come first: every layer may use them, and they import no layer.
 LAYERS = (
     "errors",
+    "extras",
     "files",
     "scoring",
     "machine",
@@ -31,7 +32,7 @@ LAYERS = (
     "experiments",
     "cli",
 )
-LEAVES = ("errors", "files", "scoring", "machine")
+LEAVES = ("errors", "extras", "files", "scoring", "machine")
 # Rooms of a layer: sub-packages that hold one concern each, and the only modules of the layer they import.
 ROOMS = {
     "experiments": {

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pytest
 import sacrebleu
@@ -20,6 +19,9 @@ from aiayn.evaluation.translator import Translator
 from aiayn.experiments.run import train
 from aiayn.model import DecodingOptions
 from aiayn.training.checkpoints import load_model
+from helpers.extras import dev_extra
+
+datasets = dev_extra("datasets")  # the wmt extra (Hugging Face datasets)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import matplotlib.axes
 import pytest
 from omegaconf import OmegaConf
 from PIL import Image
@@ -16,7 +15,10 @@ from aiayn.cli import report as report_cli
 from aiayn.config.compose import compose_run_config
 from aiayn.data.corpus import read_lines
 from aiayn.experiments.report.document import write_report
+from helpers.extras import dev_extra
 from helpers.wandb_records import offline_runs
+
+axes = dev_extra("matplotlib.axes")  # the report extra
 
 
 @functools.cache
@@ -230,14 +232,14 @@ def test_every_plotted_point_has_its_error_bar(tmp_path: Path, monkeypatch: pyte
             fake_run(tmp_path / f"{encoding},{seed}", overrides, bleu, 9.0)
     drawn = []  # x -> error bar, of every bar chart and line plot the report draws
     for name in ("bar", "errorbar"):
-        original = getattr(matplotlib.axes.Axes, name)
+        original = getattr(axes.Axes, name)
 
-        def spy(self: matplotlib.axes.Axes, x: Any, y: Any, *args: Any, _draw: Any = original, **kwargs: Any) -> Any:
+        def spy(self: axes.Axes, x: Any, y: Any, *args: Any, _draw: Any = original, **kwargs: Any) -> Any:
             if kwargs.get("fmt") != "none":  # not the error bars bar() draws through errorbar()
                 drawn.append(dict(zip(x, kwargs.get("yerr"), strict=True)))
             return _draw(self, x, y, *args, **kwargs)
 
-        monkeypatch.setattr(matplotlib.axes.Axes, name, spy)
+        monkeypatch.setattr(axes.Axes, name, spy)
     plots = write_report([tmp_path], tmp_path).plots
     assert [p.name for p in plots] == ["bleu_ppl_vs_positional.png"]
     bleu, ppl = drawn  # every point has an error bar: the sample std over seeds, 0 for one seed

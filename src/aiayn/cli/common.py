@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from aiayn.config.settings import unread_override
 from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy, TrainingDiverged, first_line
+from aiayn.extras import missing_hydra_plugin
 from aiayn.files import LOCK_FILE
 from aiayn.machine import process_rank
 
@@ -53,6 +54,9 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
     """Around a Hydra app: Hydra's own errors (an unknown key or config option, a malformed override) and
     interpolations that cannot be resolved, in one line on stderr, exit status 2.
 
+    A config option that only a plugin this install lacks provides (``hardware=slurm``'s launcher) is said
+    with the ``pip install`` that brings it (:func:`aiayn.extras.missing_hydra_plugin`).
+
     Hydra prints them itself, with a hint about tracebacks, and exits with 1, unless ``HYDRA_FULL_ERROR=1``,
     when it raises them: that is set here, for this process and the DDP ranks it starts. A user who
     sets ``HYDRA_FULL_ERROR=1`` gets Hydra's tracebacks instead.
@@ -64,8 +68,8 @@ def reported_hydra_errors(program: str) -> Iterator[None]:
     os.environ.update({"HYDRA_FULL_ERROR": "1", _REPORTING: "1"})
     try:
         yield
-    except CompactHydraException as error:  # a top-level key that does not exist: said as aiayn says it
-        fail(program, unread_override(error, program.removeprefix("aiayn-")) or error, 2)
+    except CompactHydraException as error:  # a plugin's option without the plugin: the extra that brings it
+        fail(program, missing_hydra_plugin(error) or unread_override(error, program.removeprefix("aiayn-")) or error, 2)
     except OmegaConfBaseException as error:  # an interpolation that cannot be resolved: name='${oops}'
         fail(program, unresolvable(error), 2)
     finally:

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from aiayn.errors import ConfigError, DataError
+from aiayn.extras import require, require_installed
 from aiayn.files import atomic_write
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{stem}.{lang}.gz"
@@ -254,6 +255,9 @@ class TextFiles(_TextPairs):
         return self.paths[split][lang]
 
 
+DATASETS = "Hugging Face's datasets library (data=wmt14_*)"  # the extra wmt
+
+
 class HuggingFaceTranslation(ParallelCorpus):
     """A ``datasets`` translation dataset whose rows are ``{"translation": {lang: text, ...}}`` (the
     layout of the ``wmt14``..``wmt19`` configurations), from the Hub or from a local folder: one written
@@ -266,6 +270,7 @@ class HuggingFaceTranslation(ParallelCorpus):
     def __init__(
         self, src_lang: str, tgt_lang: str, *, path: str, config: str | None, splits: Mapping[str, str | None]
     ) -> None:
+        require_installed("datasets", "wmt", DATASETS)  # before the run starts; imported on first use (slow)
         self.src_lang, self.tgt_lang, self.path, self.config = src_lang, tgt_lang, path, config
         self.roles = dict(splits)
         self._data: Any = None
@@ -273,14 +278,14 @@ class HuggingFaceTranslation(ParallelCorpus):
 
     def dataset(self) -> Any:
         if self._data is None and self._files is not None:
-            import datasets
+            datasets = require("datasets", "wmt", DATASETS)
 
             self._data = {
                 split: datasets.concatenate_datasets([datasets.Dataset.from_file(name) for name in names])
                 for split, names in self._files.items()
             }
         if self._data is None:
-            import datasets  # imported on first use: it is slow to import and only WMT needs it
+            datasets = require("datasets", "wmt", DATASETS)  # imported on first use: slow, and only WMT needs it
 
             local = Path(self.path).expanduser()
             try:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import CheckpointError, ConfigError, DataError, show
+from aiayn.extras import MissingExtra
 
 # The data sections aiayn-train writes (conf/data/*.yaml): one of these modules, flat, at the top.
 STORED_DATA_MODULES = ("Multi30kDataModule", "WMT14DataModule", "TextDataModule")
@@ -68,8 +69,8 @@ def instantiated_from_checkpoint(
     settings |= _reader_location(spec, module, section, checkpoint, root, hub)
     try:
         return module(**settings)
-    except DataError:
-        raise  # a file of the reader's own folder, named with its line
+    except (DataError, MissingExtra):
+        raise  # a file of the reader's own folder, named with its line; a library this install lacks (WMT's)
     except ConfigError as error:  # a stored value the module refuses, in the module's own words
         raise CheckpointError(f"checkpoint {checkpoint}: its stored {error}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as error:

@@ -11,7 +11,7 @@ import torch
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, whole
-from aiayn.export.ctranslate2 import EngineModel, engine_of, is_engine_folder
+from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
 from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
 from aiayn.training.checkpoints import load_model
 
@@ -146,6 +146,8 @@ def load_translation_model(
         raise ConfigError(
             "compute_type", compute_type, "is for backend=ctranslate2 (or an exported CTranslate2 folder)"
         )
+    if backend == "ctranslate2":
+        import_ctranslate2()  # a missing library is said before the checkpoint is read
     model, tokenizer, run_config = load_model(path, device)
     if backend == "ctranslate2":
         # The temporary engine folder's provenance gets no run config: the stored one is returned as it

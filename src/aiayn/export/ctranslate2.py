@@ -27,10 +27,10 @@ from aiayn.export.folder import (
     TOKENIZER_FILE,
     check_exportable,
     length_groups,
-    optional_library,
     read_provenance,
     write_companions,
 )
+from aiayn.extras import require
 from aiayn.machine import available_cpus
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
 
@@ -39,7 +39,7 @@ MODEL_FILE = "model.bin"
 
 
 def import_ctranslate2() -> Any:
-    return optional_library("ctranslate2", "CTranslate2")
+    return require("ctranslate2", "export", "CTranslate2 (format=ctranslate2, backend=ctranslate2)")
 
 
 def vocabulary(tokenizer: Tokenizer) -> list[str]:

@@ -3,7 +3,6 @@ and how a folder is written: whole or not at all, never over another one."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable, Iterator
 from itertools import groupby
@@ -18,15 +17,6 @@ from aiayn.model import DecodingOptions, TransformerConfig
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
 TOKENIZER_FILE = "sentencepiece.model"  # our joint BPE model, as aiayn.data.tokenizer reads it
 FORMATS = ("hf", "ctranslate2")
-
-
-def optional_library(module: str, what: str) -> Any:
-    """The installed ``module`` (transformers, ctranslate2: the ``export`` extra), or a one-line
-    ``ValueError`` saying how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ValueError(f'{what} is not installed: pip install "aiayn[export]" (or pip install {module})') from None
 
 
 def check_exportable(cfg: TransformerConfig, target: str) -> None:

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.export.folder import check_exportable, length_groups, optional_library, write_companions
+from aiayn.export.folder import check_exportable, length_groups, write_companions
+from aiayn.extras import require
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
 from aiayn.model.positional import sinusoidal_table
 
@@ -35,7 +36,7 @@ def model_dim_order(d_model: int) -> torch.Tensor:
 
 
 def import_transformers() -> Any:
-    return optional_library("transformers", "Hugging Face transformers")
+    return require("transformers", "export", "Hugging Face transformers (format=hf)")
 
 
 def marian_config(cfg: TransformerConfig) -> Any:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.extras import require
 from aiayn.files import atomic_write
 
 # What a plot can put on its x axis: (file name part, axis label, Table 3 column or "params").
@@ -52,8 +53,7 @@ def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
     """``bleu_ppl_vs_<axis>.png`` for every axis the settings vary along: validation BLEU and perplexity,
     mean with the standard deviation over seeds as error bars. Written atomically: a link of that name
     in a shared folder is replaced, not followed."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "report", "matplotlib (aiayn-report's plots)")
     matplotlib.use("Agg")  # files only: no display on a cluster or in CI
     import matplotlib.pyplot as plt
 

@@ -16,6 +16,7 @@ import yaml
 
 from aiayn.config.naming import output_root
 from aiayn.experiments.sweeps.state import FAILED, FINISHED, INTERRUPTED, SweepError, Trial
+from aiayn.extras import require
 from aiayn.training.metrics import EVALUATION_METRICS
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ def load_sweep(path: Path) -> dict[str, Any]:
     """A W&B sweep file, checked against W&B's own schema and for what a Hydra program needs: the
     parameters passed as overrides through ``${args_no_hyphens}``, and no YAML ``null`` values (W&B
     passes them as the string ``None``; write ``"null"``)."""
-    from jsonschema import ValidationError
+    engine = _sweeps()  # first: without it nothing here runs
+    from jsonschema import ValidationError  # the engine's own dependency
 
     path = Path(path)
     try:
@@ -40,7 +42,6 @@ def load_sweep(path: Path) -> dict[str, Any]:
         raise SweepError(f"{path}: cannot read the sweep file: {problem}{at}") from None
     if not isinstance(config, dict):
         raise SweepError(f"{path}: a sweep file is a YAML mapping with method, parameters and command")
-    engine = _sweeps()
     try:  # run_cap is the server's key (its total of trials), not in the engine's schema
         engine.SweepConfig({key: value for key, value in config.items() if key != "run_cap"})
     except (ValidationError, ValueError) as error:
@@ -131,9 +132,7 @@ def _sweeps() -> Any:
     """W&B's sweep engine (its pydantic models still use v1 option names: a warning, not a problem)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Valid config keys have changed in V2", category=UserWarning)
-        import sweeps
-
-    return sweeps
+        return require("sweeps", "sweep", "W&B's sweep engine")
 
 
 def _plain(value: Any) -> Any:

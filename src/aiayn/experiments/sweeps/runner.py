@@ -54,6 +54,7 @@ from aiayn.experiments.sweeps.trial import (
     trial_environment,
     trial_folder,
 )
+from aiayn.extras import require
 from aiayn.files import run_folder_holder
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,8 @@ def run_sweep(
         raise SweepError(f"--parallel {parallel}: run at least one trial at a time")
     if launcher not in LAUNCHERS:
         raise SweepError(f"--launcher {launcher}: use one of {', '.join(LAUNCHERS)}")
+    if launcher != LOCAL:  # said before anything starts, not as the first trial's failure
+        require("submitit", "sweep", f"submitit (--launcher {launcher})")
     config = with_overrides(load_sweep(source), overrides)
     folder = Path(folder or default_folder(config, source)).resolve()
     total = trial_count(config, count, source)

@@ -18,6 +18,7 @@ from aiayn.errors import DataError
 from aiayn.experiments.sweeps.file import command_overrides
 from aiayn.experiments.sweeps.launchers import SubmititLauncher, TrialHandle, TrialJob, start_process
 from aiayn.experiments.sweeps.state import FAILED, FINISHED, LOCAL, RUNNING, SweepError, SweepState, Trial
+from aiayn.extras import missing_hydra_plugin
 from aiayn.machine import available_cpus
 from aiayn.training.metrics import METRICS_CSV, metric_rows
 
@@ -70,7 +71,7 @@ def compose_trial(command: Sequence[str]) -> Any:
     try:
         return compose_config("train", command_overrides(command))
     except (HydraException, OmegaConfBaseException) as error:
-        raise NotComposed(str(error).splitlines()[0]) from None
+        raise NotComposed(str(missing_hydra_plugin(error) or error).splitlines()[0]) from None  # hardware=slurm
 
 
 def exit_file(state: SweepState, trial: Trial) -> Path:
