@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from aiayn.cli.summary import summarize
+from aiayn.cli.summary import summarize, with_override
 from aiayn.config.compose import compose_config
 from aiayn.model import Transformer, TransformerConfig, count_parameters, forward_flops
 
@@ -66,3 +66,10 @@ def test_summary_cli_prints_counts_and_ends_with_json_without_any_data() -> None
     assert "decoder" in out
     # 6 FLOPs per parameter per sentence pair, spread over a source and a target token, plus attention
     assert 3 * paper_parameters() < summary["train_flops_per_token"] < 3.3 * paper_parameters()
+
+
+def test_summarys_own_sweep_folder_joins_the_users_overrides_wherever_the_flags_are() -> None:
+    for argv in (["model=base", "--cfg", "job"], ["--cfg", "job", "model=base"], ["-m", "model=base,big", "seed=2"]):
+        rebuilt = with_override(["aiayn-summary", *argv], "hydra.sweep.dir=/tmp/x")
+        flags = [item for item in argv if "=" not in item]
+        assert rebuilt == ["aiayn-summary", *flags, *[i for i in argv if "=" in i], "hydra.sweep.dir=/tmp/x"]

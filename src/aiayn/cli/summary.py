@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 import tempfile
@@ -39,6 +41,22 @@ def summarize(cfg: DictConfig) -> dict[str, Any]:
     }
 
 
+def with_override(argv: list[str], override: str) -> list[str]:
+    """``argv`` with ``override`` after its own overrides, which Hydra's parser wants together (flags such
+    as ``--cfg job`` may come before or after them)."""
+    from hydra._internal.utils import get_args_parser  # Hydra's own reading of its command line
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # Hydra's own parse says it, once
+            overrides = get_args_parser().parse_args(argv[1:]).overrides
+    except SystemExit:  # a command line Hydra refuses: it says why, with the override or without
+        return [*argv, override]
+    flags = list(argv[1:])
+    for item in overrides:
+        flags.remove(item)
+    return [argv[0], *flags, *overrides, override]
+
+
 def main() -> None:
     """The console script: :func:`run`, with Hydra's own errors (an unknown key) reported in one line.
 
@@ -51,7 +69,7 @@ def main() -> None:
     # reserve a run folder here. Without that state it cannot resolve, as in a fresh process.
     HydraConfig.instance().cfg = None
     with tempfile.TemporaryDirectory(prefix="aiayn-summary-") as scratch:
-        sys.argv = [*argv, f"hydra.sweep.dir={scratch}"]
+        sys.argv = with_override(argv, f"hydra.sweep.dir={scratch}")
         try:
             with reported_hydra_errors("aiayn-summary"):
                 run()

@@ -156,7 +156,7 @@ def generate_ids(hf: Any, rows: list[list[int]], options: DecodingOptions, token
     ``generate`` takes one length limit per call, so sources go in groups of one length, each allowed
     (source tokens + EOS) + ``max_len_offset`` tokens before the EOS that ``forced_eos_token_id`` puts at
     the limit, as our beam search does. Its length penalty is ``log P / |Y| ** α``, not GNMT's: with
-    α > 0 the two may prefer different finished hypotheses (see the README's "Use the model elsewhere").
+    α > 0 the two may prefer different finished hypotheses (see docs/decoding.md, "Use the model elsewhere").
     """
     device = next(hf.parameters()).device
     out: list[list[int]] = [[] for _ in rows]
