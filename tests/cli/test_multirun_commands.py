@@ -4,12 +4,15 @@ launchers that cannot start those ranks, refused before any work."""
 from __future__ import annotations
 
 import math
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
-from aiayn.cli.multirun import job_command, starts_ranks, sweeper_value
+from aiayn.cli.multirun import JobRanks, job_command, starts_ranks, sweeper_value
 from helpers.runs import smoke_run, train_in_process
 
 
@@ -56,3 +59,13 @@ def test_a_launcher_that_cannot_start_ddp_ranks_is_refused_before_any_work(
     assert line.startswith("aiayn-train: error: hydra/launcher=submitit_local cannot start the DDP ranks of a job")
     assert "basic launcher" in line
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_jobs_ranks_are_waited_for_and_killed_after_a_grace_when_the_job_failed() -> None:
+    ranks = JobRanks()
+    ranks.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])]
+    ranks.end(grace=None)
+    assert ranks.processes[0].returncode == 0  # a finished job's ranks end by themselves
+    ranks.processes = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])]
+    ranks.end(grace=0.5)
+    assert ranks.processes[0].returncode == -signal.SIGKILL  # stuck waiting for the failed rank 0

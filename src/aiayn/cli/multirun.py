@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ NOT_FOR_RANKS = (
     "hydra.mode", "hydra.sweep", "hydra.sweeper", "hydra/sweeper", "hydra.launcher", "hydra/launcher",
     "hydra.run.dir", "hydra.job.name", "hydra.output_subdir",
 )  # fmt: skip
+FAILED_JOB_GRACE = 60.0  # seconds the other ranks of a job that failed here get to end by themselves
 CONFIG_FLAGS = (("config_path", "--config-path"), ("config_name", "--config-name"), ("config_dir", "--config-dir"))
 
 
@@ -99,11 +101,16 @@ class JobRanks(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.processes = list(getattr(trainer.strategy.launcher, "procs", None) or [])
 
-    def wait(self) -> None:
-        """Wait until they have ended: the next job must not start while one of this job's ranks runs
-        (a rank that fails makes Lightning end them all)."""
+    def end(self, grace: float | None) -> None:
+        """Wait until they have ended: the next job must not start while one of this job's ranks runs (a
+        rank that fails makes Lightning end them all). After ``grace`` seconds (the job failed on this
+        rank, without which the others cannot finish) they are killed."""
         for process in self.processes:
-            process.wait()
+            try:
+                process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager
@@ -115,11 +122,14 @@ def one_job(hydra_cfg: DictConfig) -> Iterator[JobRanks]:
     sys.argv = job_command(argv, hydra_cfg)
     with read_write(hydra_cfg), open_dict(hydra_cfg):
         hydra_cfg.run.dir = hydra_cfg.runtime.output_dir  # where Lightning sends the ranks
-    ranks = JobRanks()
+    ranks, grace = JobRanks(), None
     try:
         yield ranks
+    except BaseException:
+        grace = FAILED_JOB_GRACE
+        raise
     finally:
-        ranks.wait()
+        ranks.end(grace)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()  # the next job's ranks make their own
         sys.argv = argv
