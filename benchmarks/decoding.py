@@ -13,7 +13,9 @@ With `--checkpoint` (a .ckpt of aiayn-train or aiayn-average) and `--source`/`--
 its own batching of equal-length groups or of 8192 source tokens; printed are sentences/s, the ratio to
 ours, sacreBLEU and the share of lines identical to ours.
 Needs the `bench` extra (`pip install -e ".[bench]"`: `transformers` and `ctranslate2`).
-Usage: python benchmarks/decoding.py [--sentences 128] [--src-len 16] [--out-len 24] [--rounds 3]
+With `--ensemble`, also an ensemble of two models of that size (the mean of their log-probabilities at
+each step; each with its own caches): its cost against one model.
+Usage: python benchmarks/decoding.py [--sentences 128] [--src-len 16] [--out-len 24] [--rounds 3] [--ensemble]
        python benchmarks/decoding.py --checkpoint <run>/checkpoints/averaged.ckpt \
            --source <multi30k>/test_2016_flickr.en.gz --reference <multi30k>/test_2016_flickr.de.gz
 """
@@ -153,6 +155,7 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="random weights: ours under bf16 autocast, generate in bf16"
     )
+    parser.add_argument("--ensemble", action="store_true", help="random weights: also an ensemble of two models")
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint: race on real translations")
     parser.add_argument("--source", type=Path, help="with --checkpoint: the sentences to translate")
     parser.add_argument("--reference", type=Path, help="with --checkpoint: their references, for sacreBLEU")
@@ -175,11 +178,11 @@ def main() -> None:
     # out_len - 1 tokens may precede EOS: out_len decoder steps, as max_new_tokens=out_len gives Hugging Face
     options = DecodingOptions(beam_size=4, alpha=0.6, max_len_offset=args.out_len - 1 - args.src_len)
 
-    def our_search(use_cache: bool) -> Callable[[], None]:
+    def our_search(use_cache: bool, models: Transformer | list[Transformer] = ours) -> Callable[[], None]:
         def run() -> None:
             with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
                 for batch in batches:
-                    found = beam_search(ours, batch, BOS, EOS, options, use_cache=use_cache)
+                    found = beam_search(models, batch, BOS, EOS, options, use_cache=use_cache)
                     assert all(len(h.tokens) == args.out_len - 1 for h in found)
 
         return run
@@ -187,6 +190,10 @@ def main() -> None:
     contestants: dict[str, Callable[[], None]] = {"aiayn cached": our_search(True)}
     if not args.skip_recompute:
         contestants["aiayn recompute"] = our_search(False)
+    if args.ensemble:  # a second model of the same size (another seed): the cost of an ensemble of two
+        torch.manual_seed(1)
+        contestants["aiayn ensemble of 2"] = our_search(True, [ours, LateEosTransformer(TransformerConfig(**SMALL))
+                                                                .eval().to(device)])  # fmt: skip
     if not args.skip_hf:
         hf = to_marian(ours).to(device)  # the same weights; generate keeps EOS off with min_new_tokens
         if args.bf16:

@@ -6,7 +6,7 @@ import itertools
 
 import torch
 
-from aiayn.model import Transformer, length_penalty
+from aiayn.model import Transformer, TransformerConfig, length_penalty
 
 BOS, EOS = 2, 3
 NEVER = [0, BOS]  # PAD and BOS are never generated
@@ -55,3 +55,47 @@ def exhaustive_best(
             if score > best[1]:
                 best = (list(tokens), score)
     return best
+
+
+def ensemble_log_prob(models: list[Transformer], src_row: torch.Tensor, tokens: list[int]) -> float:
+    """An ensemble's log P(tokens + EOS | source): at each step the mean of the models' log-probabilities,
+    so over the sequence the mean of their sequence log-probabilities."""
+    return sum(sequence_log_prob(model, src_row, tokens) for model in models) / len(models)
+
+
+def exhaustive_ranking(
+    models: list[Transformer], src_row: torch.Tensor, max_len_offset: int, alpha: float, kind: str = "gnmt"
+) -> list[tuple[list[int], float]]:
+    """Every sequence of allowed tokens up to the length limit with its score, best first."""
+    vocab = models[0].cfg.vocab_size
+    allowed = [t for t in range(vocab) if t not in (*NEVER, EOS)]
+    limit = int(src_row.ne(0).sum()) + max_len_offset
+    scored = [
+        (list(tokens), ensemble_log_prob(models, src_row, list(tokens)) / length_penalty(length + 1.0, alpha, kind))
+        for length in range(limit + 1)
+        for tokens in itertools.product(allowed, repeat=length)
+    ]
+    return sorted(scored, key=lambda item: -item[1])
+
+
+class EosBiasedTransformer(Transformer):
+    """Adds ``eos_bonus`` to EOS's logit (to end sentences at varied lengths) and counts decoder calls."""
+
+    eos_bonus = 0.0
+    calls = 0
+
+    def decode(self, *args, **kwargs) -> torch.Tensor:  # type: ignore[override]
+        self.calls += 1
+        logits = super().decode(*args, **kwargs)
+        logits[..., EOS] += self.eos_bonus
+        return logits
+
+
+def biased_model(vocab: int, eos_bonus: float, sharpen: float = 1.0, seed: int = 1) -> EosBiasedTransformer:
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=vocab, n_layers=2, d_model=32, d_ff=64, n_heads=2, d_k=8, d_v=12)
+    model = EosBiasedTransformer(cfg).eval()
+    model.eos_bonus = eos_bonus
+    with torch.no_grad():
+        model.output_proj.weight.mul_(sharpen)
+    return model

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search, greedy_decode, length_penalty
-from helpers.reference_search import BOS, EOS, exhaustive_best, recomputing_greedy, sequence_log_prob
+from helpers.reference_search import BOS, EOS, biased_model, exhaustive_best, recomputing_greedy, sequence_log_prob
 
 
 def random_model(positional: str = "sinusoidal", vocab: int = 40, sharpen: float = 1.0, seed: int = 1) -> Transformer:
@@ -28,29 +28,6 @@ def padded_sources(vocab: int, lengths: list[int], seed: int = 2) -> torch.Tenso
     for row, length in enumerate(lengths):
         src[row, :length] = torch.randint(4, vocab, (length,), generator=generator)
     return src
-
-
-class EosBiasedTransformer(Transformer):
-    """Adds ``eos_bonus`` to EOS's logit (to end sentences at varied lengths) and counts decoder calls."""
-
-    eos_bonus = 0.0
-    calls = 0
-
-    def decode(self, *args, **kwargs) -> torch.Tensor:  # type: ignore[override]
-        self.calls += 1
-        logits = super().decode(*args, **kwargs)
-        logits[..., EOS] += self.eos_bonus
-        return logits
-
-
-def biased_model(vocab: int, eos_bonus: float, sharpen: float = 1.0, seed: int = 1) -> EosBiasedTransformer:
-    torch.manual_seed(seed)
-    cfg = TransformerConfig(vocab_size=vocab, n_layers=2, d_model=32, d_ff=64, n_heads=2, d_k=8, d_v=12)
-    model = EosBiasedTransformer(cfg).eval()
-    model.eos_bonus = eos_bonus
-    with torch.no_grad():
-        model.output_proj.weight.mul_(sharpen)
-    return model
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned", "none", "rope"])

@@ -5,9 +5,11 @@ a loop of their own. Invalid values raise :class:`~aiayn.errors.FieldError` nami
 """
 
 from aiayn.model.attention import MultiHeadAttention
-from aiayn.model.beam_search import PAPER_DECODING, DecodingOptions, Hypothesis, beam_search, length_penalty
+from aiayn.model.beam_search import Hypothesis, beam_search, nbest_search
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
-from aiayn.model.decoding import greedy_decode, translate_ids
+from aiayn.model.decoding import greedy_decode, search, translate_ids
+from aiayn.model.decoding_options import PAPER_DECODING, DecodingOptions, length_penalty
+from aiayn.model.ensemble import Ensemble
 from aiayn.model.flops import (
     batch_training_flops,
     count_parameters,
@@ -15,12 +17,14 @@ from aiayn.model.flops import (
     parameters_by_component,
     training_flops_per_token,
 )
+from aiayn.model.sampling import sample
 from aiayn.model.transformer import Transformer
 
 __all__ = [
     "PAPER_DECODING",
     "POSITIONAL_ENCODINGS",
     "DecodingOptions",
+    "Ensemble",
     "Hypothesis",
     "MultiHeadAttention",
     "Transformer",
@@ -31,7 +35,10 @@ __all__ = [
     "forward_flops",
     "greedy_decode",
     "length_penalty",
+    "nbest_search",
     "parameters_by_component",
+    "sample",
+    "search",
     "training_flops_per_token",
     "translate_ids",
 ]
