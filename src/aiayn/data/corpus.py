@@ -122,6 +122,7 @@ class ParallelCorpus(ABC):
     tgt_lang: str
     roles: dict[str, str | None]  # role → split name; a role mapped to None is absent (no test split)
     readable_by_workers = False  # True: worker processes read rows themselves (memory-mapped data)
+    root: Path | None = None  # data.root, a local folder: relative names (data.extra_train) are in it
 
     def splits(self) -> list[str]:
         """The splits to encode: those with a role."""
@@ -234,7 +235,7 @@ class TextFiles(_TextPairs):
 
     def __init__(self, src_lang: str, tgt_lang: str, root: Path | None, files: Mapping[str, Sequence[str] | None]):
         super().__init__()
-        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.src_lang, self.tgt_lang, self.root = src_lang, tgt_lang, Path(root).expanduser() if root else None
         self.paths: dict[str, dict[str, Path]] = {}
         for role in ("train", "val", "test"):
             pair = files.get(role)
@@ -244,7 +245,7 @@ class TextFiles(_TextPairs):
                 continue
             if isinstance(pair, str) or len(pair) != 2:
                 raise ConfigError(f"data.{role}", pair, "must be a list of two files: [source, target]")
-            paths = [Path(p).expanduser() if root is None else Path(root).expanduser() / p for p in pair]
+            paths = [Path(p).expanduser() if self.root is None else self.root / p for p in pair]
             for path in paths:
                 if not path.is_file():
                     raise ConfigError(f"data.{role}", list(pair), f"names {path}, which is not a file")
@@ -273,6 +274,8 @@ class HuggingFaceTranslation(ParallelCorpus):
         require_installed("datasets", "wmt", DATASETS)  # before the run starts; imported on first use (slow)
         self.src_lang, self.tgt_lang, self.path, self.config = src_lang, tgt_lang, path, config
         self.roles = dict(splits)
+        local = Path(path).expanduser()
+        self.root = local if local.is_dir() else None  # a local copy, as dataset() tells it from a Hub name
         self._data: Any = None
         self._files: dict[str, list[str]] | None = None  # a worker's: the Arrow files the parent loaded
 

@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 from torch.utils.data import DataLoader
 
+from aiayn.data.back_translation import TAG, ExtraPairs, TrainingMix, check_mix, check_tag
 from aiayn.data.cache import CacheEntry
 from aiayn.data.corpus import (
     DataError,
@@ -94,6 +95,9 @@ class TranslationDataModule(pl.LightningDataModule):
     differ by more than the factor ``max_len_ratio`` are dropped and counted (:attr:`filtered`);
     evaluation splits are used whole. Batches hold at most ``max_tokens`` tokens (padding included) per
     device and are shared out over the DDP ranks.
+
+    ``extra_train``, ``tag_extra`` and ``upsample_primary`` mix more pairs (back-translations) into the
+    training pairs only: :mod:`aiayn.data.back_translation`.
     """
 
     def __init__(
@@ -112,6 +116,9 @@ class TranslationDataModule(pl.LightningDataModule):
         pin_memory: bool = False,
         train_limit: int | None = None,
         eval_limit: int | None = None,
+        extra_train: Sequence[Sequence[str]] = (),
+        tag_extra: bool = False,
+        upsample_primary: int = 1,
     ) -> None:
         super().__init__()
         if corpus.src_lang == corpus.tgt_lang:
@@ -127,7 +134,10 @@ class TranslationDataModule(pl.LightningDataModule):
             train_limit=train_limit,
             eval_limit=eval_limit,
         )
+        check_mix(extra_train, tag_extra, upsample_primary)
         self.corpus = corpus
+        self.extra = ExtraPairs(corpus.src_lang, corpus.tgt_lang, corpus.root, extra_train) if extra_train else None
+        self.tag_extra, self.upsample_primary = tag_extra, upsample_primary
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.vocab_size, self.tokenizer_sample, self.encode_workers = vocab_size, tokenizer_sample, encode_workers
         self.max_tokens, self.max_len, self.max_len_ratio = max_tokens, max_len, max_len_ratio
@@ -157,12 +167,15 @@ class TranslationDataModule(pl.LightningDataModule):
 
     # -- the cache --------------------------------------------------------------------------------
     def cache_folder(self) -> Path:
-        """Cache folder keyed by the corpus content, the vocabulary size and the tokenizer sample."""
+        """Cache folder keyed by the corpus content, the vocabulary size and the tokenizer sample, and by
+        the content of the extra training pairs and their tag when there are some."""
         if self._cache is None:
             langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
             # The sample size counts only when it is a sample: a larger setting gives the same model.
             sample = min(self.tokenizer_sample, self.corpus.size(self.split_names["train"]))
             key = f"v{CACHE_VERSION}-{self.vocab_size}-{sample}-{self.corpus.fingerprint()}"
+            if self.extra is not None:  # without them the key is as it was: existing caches stay in use
+                key += f"-extra-{self.extra.fingerprint()}-tag{int(self.tag_extra)}"
             digest = hashlib.sha256(key.encode()).hexdigest()[:12]
             self._cache = self.cache_dir / "tokenized" / f"{self.corpus.name}-{langs}-bpe{self.vocab_size}-{digest}"
         return self._cache
@@ -181,7 +194,7 @@ class TranslationDataModule(pl.LightningDataModule):
         sample = len(sides[self.src_lang])
         log.info("training a %d-piece joint BPE model on %d of %d training pairs", self.vocab_size, sample, n)
         lines = (line for lang in sorted(sides) for line in sides[lang])  # the same model for both directions
-        return Tokenizer.train(lines, self.vocab_size, model_file)
+        return Tokenizer.train(lines, self.vocab_size, model_file, symbols=(TAG,) if self.tag_extra else ())
 
     # -- Lightning hooks --------------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -198,11 +211,17 @@ class TranslationDataModule(pl.LightningDataModule):
             self._train_tokenizer(model_file)
             tokenizer.seal()
         dtype = token_dtype(self.vocab_size)
-        for split in self.corpus.splits():
+        tag = Tokenizer(model_file).sp.piece_to_id(TAG) if self.tag_extra else None
+        parts = [(self.corpus, split) for split in self.corpus.splits()]
+        parts += [(self.extra, split) for split in self.extra.splits()] if self.extra is not None else []
+        for corpus, split in parts:
             stems = (self._stem(split, self.src_lang), self._stem(split, self.tgt_lang))
             entries = [CacheEntry(stem, EncodedText.files(stem), (model_file,)) for stem in stems]
             if retrained or not all([entry.usable() for entry in entries]):  # a list: each damaged one is reported
-                encode_split(self.corpus, split, model_file, stems, dtype, self.encode_workers)
+                tagged = tag is not None and corpus is self.extra  # the extra pairs' sources start with the tag
+                encode_split(corpus, split, model_file, stems, dtype, self.encode_workers, (tag,) if tagged else ())
+                if tag is not None:  # before the entry is sealed: a misplaced tag is found again on the next run
+                    check_tag(corpus, split, stems, tag, tagged)
                 for entry in entries:
                     entry.seal()
         self._prepared = True
@@ -213,25 +232,50 @@ class TranslationDataModule(pl.LightningDataModule):
         self.tokenizer = Tokenizer(self.cache_folder() / "spm.model")
         for role in self.roles:
             split = self.split_names[role]
-            src = EncodedText.load(self._stem(split, self.src_lang))
-            tgt = EncodedText.load(self._stem(split, self.tgt_lang))
-            if len(src) != len(tgt):
-                raise DataError(f"the cache {self.cache_folder()} is inconsistent for {split}; delete it to re-encode")
+            src, tgt = self._encoded(split)
             limit = self.train_limit if role == "train" else self.eval_limit
             indices = np.arange(min(len(src), limit or len(src)))
             if role == "train":
-                indices = self._filter_training_pairs(src, tgt, indices)
+                indices, counts = self._filter_training_pairs(src, tgt, indices, self.corpus.where(split))
+                self.filtered |= counts
             else:
                 self.references[role] = self.corpus.read(split, indices)[1]
             if len(indices) == 0:
                 raise DataError(f"{self.corpus.where(split)} has no sentence pairs")
             self.datasets[role] = ParallelDataset(src, tgt, indices)
+            if role == "train" and self.extra is not None:  # the corpus's pairs, upsampled, and the extra ones
+                self.datasets[role] = self._training_mix(self.datasets[role])
             if role != "train":  # evaluation splits are used whole: check them now, not at the first validation
                 self._report_empty(role)
                 self.check_longest(role, self.eval_max_tokens, "data.eval_max_tokens")
 
-    def _filter_training_pairs(self, src: EncodedText, tgt: EncodedText, indices: np.ndarray) -> np.ndarray:
-        """Drop empty, over-long and length-mismatched training pairs; count each reason."""
+    def _encoded(self, split: str) -> tuple[EncodedText, EncodedText]:
+        """The cached source and target ids of ``split``."""
+        src = EncodedText.load(self._stem(split, self.src_lang))
+        tgt = EncodedText.load(self._stem(split, self.tgt_lang))
+        if len(src) != len(tgt):
+            raise DataError(f"the cache {self.cache_folder()} is inconsistent for {split}; delete it to re-encode")
+        return src, tgt
+
+    def _training_mix(self, real: ParallelDataset) -> TrainingMix:
+        """The real training pairs repeated ``upsample_primary`` times, then the kept pairs of each extra
+        pair of files; their counts are in :attr:`filtered` as ``extra_<reason>``, and ``epoch_pairs``."""
+        assert self.extra is not None
+        parts = [ParallelDataset(real.src, real.tgt, np.tile(real.indices, self.upsample_primary))]
+        counts: dict[str, int] = {}
+        for split in self.extra.splits():
+            src, tgt = self._encoded(split)
+            indices, dropped = self._filter_training_pairs(src, tgt, np.arange(len(src)), self.extra.where(split))
+            counts = {key: counts.get(key, 0) + value for key, value in dropped.items()}
+            parts.append(ParallelDataset(src, tgt, indices))
+        mix = TrainingMix(parts)
+        self.filtered |= {f"extra_{key}": value for key, value in counts.items()} | {"epoch_pairs": len(mix)}
+        return mix
+
+    def _filter_training_pairs(
+        self, src: EncodedText, tgt: EncodedText, indices: np.ndarray, where: str
+    ) -> tuple[np.ndarray, dict[str, int]]:
+        """Drop empty, over-long and length-mismatched training pairs of ``where``; count each reason."""
         src_len, tgt_len = src.lengths[indices], tgt.lengths[indices]
         empty = (src_len == 0) | (tgt_len == 0)
         too_long = ~empty & ((src_len + 1 > self.max_len) | (tgt_len + 1 > self.max_len))
@@ -240,29 +284,28 @@ class TranslationDataModule(pl.LightningDataModule):
             longer, shorter = np.maximum(src_len, tgt_len), np.maximum(np.minimum(src_len, tgt_len), 1)
             ratio = ~empty & ~too_long & (longer > self.max_len_ratio * shorter)
         keep = ~(empty | too_long | ratio)
-        self.filtered |= {
+        counts = {
             "pairs": len(indices),
             "kept": int(keep.sum()),
             "empty": int(empty.sum()),
             "too_long": int(too_long.sum()),
             "length_ratio": int(ratio.sum()),
         }
-        where = self.corpus.where(self.split_names["train"])
         if not keep.all():
             log.warning(
                 "%s: dropped %d empty, %d over-long (> data.max_len=%d tokens) and %d length-mismatched "
                 "(> data.max_len_ratio=%s) training pairs of %d",
                 where,
-                self.filtered["empty"],
-                self.filtered["too_long"],
+                counts["empty"],
+                counts["too_long"],
                 self.max_len,
-                self.filtered["length_ratio"],
+                counts["length_ratio"],
                 self.max_len_ratio,
                 len(indices),
             )
         if not keep.any():
             raise DataError(f"{where}: no training pair left after filtering; check the data and data.max_len")
-        return indices[keep]
+        return indices[keep], counts
 
     def check_longest(self, role: str, limit: int, key: str) -> None:
         """Every pair of ``role`` is at most ``limit`` tokens long (source + EOS, BOS + target), else a

@@ -48,16 +48,19 @@ class Rows:
     stop: int
 
 
-def _encode_rows(job: tuple[object, str]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-    """Ids of one chunk: ``job`` is (rows or the chunk's (source, target) text, token dtype)."""
-    chunk, dtype = job
+def _encode_rows(job: tuple[object, str, tuple[int, ...]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Ids of one chunk: ``job`` is (rows or the chunk's (source, target) text, token dtype, source prefix)."""
+    chunk, dtype, prefix = job
     tokenizer = _state["tokenizer"]
     assert isinstance(tokenizer, Tokenizer)
     if isinstance(chunk, Rows):
         corpus = _state["corpus"]
         assert isinstance(corpus, ParallelCorpus)
         chunk = corpus.read(chunk.split, np.arange(chunk.start, chunk.stop))
-    return tuple(flatten(tokenizer.encode(side, threads=1), np.dtype(dtype)) for side in chunk)
+    src, tgt = (tokenizer.encode(side, threads=1) for side in chunk)
+    if prefix:  # an empty source stays empty: training drops it as empty, not as a tag alone
+        src = [[*prefix, *ids] if ids else ids for ids in src]
+    return flatten(src, np.dtype(dtype)), flatten(tgt, np.dtype(dtype))
 
 
 def encode_split(
@@ -67,9 +70,11 @@ def encode_split(
     stems: tuple[Path, Path],
     dtype: np.dtype,
     workers: int | None = None,
+    source_prefix: tuple[int, ...] = (),
 ) -> None:
     """Encode ``split`` of ``corpus`` with the sentencepiece model ``model_file`` into the cache entries
-    ``stems`` (source, target), using ``workers`` processes (default: one per CPU)."""
+    ``stems`` (source, target), using ``workers`` processes (default: one per CPU); ``source_prefix``:
+    ids put in front of every non-empty source (a tag, :mod:`aiayn.data.back_translation`)."""
     n = corpus.size(split)
     ranges = [(start, min(start + CHUNK_PAIRS, n)) for start in range(0, n, CHUNK_PAIRS)]
     workers = min(workers or available_cpus(), len(ranges))
@@ -79,7 +84,7 @@ def encode_split(
         (Rows(split, start, stop) if corpus.readable_by_workers else corpus.read(split, np.arange(start, stop)))
         for start, stop in ranges
     )
-    jobs = ((chunk, np.dtype(dtype).str) for chunk in chunks)
+    jobs = ((chunk, np.dtype(dtype).str, source_prefix) for chunk in chunks)
     log.info("encoding %d pairs of %s in %d process(es)", n, corpus.where(split), workers)
     with EncodedTextWriter(stems[0], dtype) as src_out, EncodedTextWriter(stems[1], dtype) as tgt_out:
 

@@ -24,6 +24,9 @@ LOCATION_KEYS = ("root", "hub", "cache_dir")
 NAME_KEYS = ("src_lang", "tgt_lang", "val_split", "test_split", "config")
 TEXT_FILE_ROLES = ("train", "val", "test")  # TextDataModule's [source file, target file] pairs
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_")
+# The extra training pairs (aiayn.data.back_translation): evaluation builds no training set, and a reader's
+# folder need not hold the synthetic files a run trained on.
+TRAINING_ONLY_KEYS = ("extra_train", "tag_extra", "upsample_primary")
 
 
 def instantiated_from_checkpoint(
@@ -43,7 +46,8 @@ def instantiated_from_checkpoint(
       nested object, nothing imported to find out): a stored ``_target_: os.system`` would run as its
       reader;
     - its stored ``root``, ``hub`` and ``cache_dir`` are never used (nothing is scanned, fetched or
-      downloaded because a stored file names it), and a stored file name must lie inside ``root``;
+      downloaded because a stored file names it), nor its extra training pairs (:data:`TRAINING_ONLY_KEYS`),
+      and a stored file name must lie inside ``root``;
     - its values are checked; a wrong one is a :class:`CheckpointError` naming the file and the key.
 
     Built here, not by ``hydra.utils.instantiate``: the stored values are plain data (the config was
@@ -64,7 +68,8 @@ def instantiated_from_checkpoint(
     if not isinstance(spec, Mapping) or "_target_" not in spec:
         raise CheckpointError(f"checkpoint {checkpoint} holds no {section} section to build; {fix}")
     module = _data_module(spec["_target_"])
-    settings = {name: value for name, value in spec.items() if name not in (*HYDRA_KEYS, *LOCATION_KEYS)}
+    ignored = (*HYDRA_KEYS, *LOCATION_KEYS, *TRAINING_ONLY_KEYS)
+    settings = {name: value for name, value in spec.items() if name not in ignored}
     _check_stored_names(settings, module, section, checkpoint, fix)
     settings |= _reader_location(spec, module, section, checkpoint, root, hub)
     try:

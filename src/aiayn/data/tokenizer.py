@@ -47,8 +47,9 @@ class Tokenizer:
         return self.sp.decode([list(row) for row in ids])
 
     @classmethod
-    def train(cls, lines: Iterable[str], vocab_size: int, model_file: Path) -> Tokenizer:
-        """Train a BPE model on ``lines`` and write it atomically to ``model_file``.
+    def train(cls, lines: Iterable[str], vocab_size: int, model_file: Path, symbols: Sequence[str] = ()) -> Tokenizer:
+        """Train a BPE model on ``lines`` and write it atomically to ``model_file``; ``symbols`` (tags such as
+        back-translation's ``<BT>``) become single pieces, ids 4, 5, ..., never split.
 
         The model is serialized in memory, not through sentencepiece's ``model_prefix``, which it would
         store inside the model: the same lines give the same bytes, whoever trains them and where.
@@ -67,6 +68,7 @@ class Tokenizer:
                 unk_id=UNK_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
+                user_defined_symbols=list(symbols),
                 num_threads=available_cpus(),
                 minloglevel=2,
             )
