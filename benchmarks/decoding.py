@@ -29,6 +29,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -102,7 +103,7 @@ def real_text(args: argparse.Namespace) -> None:
     sources, references = read_parallel(args.source, args.reference)
     if args.sentences:
         sources, references = sources[: args.sentences], references[: args.sentences]
-    options = PAPER_DECODING
+    options = replace(PAPER_DECODING, length_penalty="power")  # the engines' penalty: equal lines are possible
     translators: dict[str, Callable[[list[str]], list[str]]] = {}
     translators["aiayn"] = Translator(model, tokenizer, options).translate
     if not args.skip_hf:

@@ -36,6 +36,7 @@ SCRATCH = "{scratch}"  # the test's scratch folder, in the values below
 # command is checked, so a path need not exist.
 PLACEHOLDERS = {
     "<run>": "small_multi30k_en_de/2026-11-30_09-00-00",  # outputs/<run>/...
+    "<run2>": "small_multi30k_en_de/2026-11-30_10-00-00",  # another run (an ensemble's second member)
     "<date_time>": "2026-11-30_09-00-00",
     "<corpus folder>": "../shared/data/multi30k",
     "<partition>": "gpu",

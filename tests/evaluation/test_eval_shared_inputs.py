@@ -284,7 +284,8 @@ def test_a_compared_checkpoint_is_converted_for_the_engine_as_the_first(
     source = texts(tmp_path / "in", "src.en", read_lines(corpus_root / "val.en")[:8])
     reference = texts(tmp_path / "in", "ref.de", read_lines(corpus_root / "val.de")[:8])
     argv = [f"checkpoint={best}", f"compare={step6}", f"source={source}", f"reference={reference}",
-            "backend=ctranslate2", "compute_type=int8", f"output_dir={tmp_path / 'eval'}"]  # fmt: skip
+            "backend=ctranslate2", "compute_type=int8", "decoding.length_penalty=power",
+            f"output_dir={tmp_path / 'eval'}"]  # fmt: skip
     status, _, err = evaluate(argv, monkeypatch, capsys)
     assert status == 0, err
     (written,) = (tmp_path / "eval").glob("*.json")

@@ -5,6 +5,8 @@ on the generated corpus, so its predictions are decided, not near-ties)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import runpy
 import shutil
@@ -24,8 +26,8 @@ from aiayn.evaluation.translator import Translator, load_translation_model
 from aiayn.export.checkpoint import export_checkpoint
 from aiayn.export.ctranslate2 import EngineModel, engine_of
 from aiayn.export.folder import check_exportable
-from aiayn.export.marian import generate_ids
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig, length_penalty
+from aiayn.export.marian import generate_ids, generate_search
+from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerConfig, nbest_search
 from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_checkpoint, load_model, save_checkpoint
 from helpers.extras import dev_extra
@@ -39,7 +41,8 @@ transformers = dev_extra("transformers")
 
 GREEDY = DecodingOptions(beam_size=1)
 BEAM4_NO_PENALTY = DecodingOptions(beam_size=4, alpha=0.0)
-PAPER = DecodingOptions()  # beam 4, α = 0.6
+PAPER = DecodingOptions()  # beam 4, α = 0.6 in GNMT's penalty, which the engines lack
+POWER = DecodingOptions(length_penalty="power")  # beam 4, α = 0.6 in the engines' penalty
 
 
 @pytest.fixture(scope="module")
@@ -117,6 +120,8 @@ def test_the_hugging_face_folder_loads_with_from_pretrained_and_gives_our_logits
     ours: tuple[Transformer, Tokenizer], hf: transformers.MarianMTModel, exported: dict[str, Path], sources: list[str]
 ) -> None:
     model, tokenizer = ours
+    settings = hf.generation_config  # the paper's beam search, in the power penalty (ours: POWER)
+    assert (settings.num_beams, settings.length_penalty, settings.early_stopping) == (4, 0.6, "never")
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(exported["hf"])
     batch = hf_tokenizer(sources[:8], return_tensors="pt", padding=True)
     # The same ids as ours, EOS appended; the batch is right-padded (lengths differ).
@@ -147,25 +152,136 @@ def test_greedy_and_beam_translations_of_both_exports_equal_ours_line_for_line(
     assert generated == mine
 
 
-def gnmt_score(model: torch.nn.Module, src: list[int], hypothesis: list[int], alpha: float) -> float:
-    return sequence_log_prob(model, torch.tensor([*src, 3]), hypothesis) / length_penalty(len(hypothesis) + 1, alpha)
+@pytest.fixture(scope="module")
+def test_rows(ours: tuple[Transformer, Tokenizer], corpus_root: Path) -> list[list[int]]:
+    """The corpus's 100 test sentences, as source ids without EOS."""
+    return ours[1].encode(read_lines(corpus_root / "test_2016_flickr.en"))
 
 
-def test_with_the_paper_length_penalty_the_engines_differ_only_where_gnmt_prefers_ours(
-    ours: tuple[Transformer, Tokenizer], hf: transformers.MarianMTModel, engine: EngineModel, sources: list[str]
+def our_search(
+    model: Transformer, rows: list[list[int]], options: DecodingOptions, nbest: int
+) -> list[list[Hypothesis]]:
+    """Our beam search's ``nbest`` of each source (ids + EOS, in one right-padded batch)."""
+    src = torch.zeros(len(rows), max(map(len, rows)) + 1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        src[r, : len(row) + 1] = torch.tensor([*row, 3])
+    return nbest_search(model, src, 2, 3, options, nbest)
+
+
+def tokens_of(found: list[list[Hypothesis]]) -> list[list[list[int]]]:
+    return [[hypothesis.tokens for hypothesis in hypotheses] for hypotheses in found]
+
+
+@pytest.mark.parametrize("alpha", [0.6, 1.0])
+def test_with_the_power_penalty_both_engines_give_our_lines_and_our_n_best(
+    ours: tuple[Transformer, Tokenizer],
+    hf: transformers.MarianMTModel,
+    engine: EngineModel,
+    test_rows: list[list[int]],
+    alpha: float,
 ) -> None:
-    """CTranslate2 and ``generate`` divide log P by |Y|^α, we by GNMT's ((5 + |Y|) / 6)^α, and they stop
-    a sentence once beam-size hypotheses have ended (we: once no live beam can win). The beams are the
-    same (ranked by log P in all three), so where a translation differs, ours scores at least as well
-    as theirs by GNMT's score, which is what ours maximises."""
+    """log P / |Y|^α, |Y| counting EOS, in all three; the engine searches until 2 × beam hypotheses
+    have ended, ``generate`` and ours until no live beam can win. The 3 best of each sentence: the
+    same, in the same order; the engine's scores differ by its softmax without PAD and BOS."""
     model, tokenizer = ours
-    rows = tokenizer.encode(sources)
-    mine = Translator(model, tokenizer, PAPER).translate_ids(rows)
-    for theirs in (engine.translate_ids(rows, PAPER), generate_ids(hf, rows, PAPER, tokenizer)):
-        differing = [i for i in range(len(rows)) if theirs[i] != mine[i]]
-        assert len(differing) <= 0.05 * len(rows)
-        for i in differing:
-            assert gnmt_score(model, rows[i], mine[i], 0.6) >= gnmt_score(model, rows[i], theirs[i], 0.6) - 1e-4
+    options = DecodingOptions(length_penalty="power", alpha=alpha)
+    mine = our_search(model, test_rows, options, 3)
+    assert len({tuple(found[0].tokens) for found in mine}) > 80  # real, varied translations
+    assert [found[0].tokens for found in engine.search(test_rows, options)] == [found[0].tokens for found in mine]
+    assert generate_ids(hf, test_rows, options, tokenizer) == [found[0].tokens for found in mine]
+    for theirs, tolerance in (
+        (engine.search(test_rows, options, 3), 1e-2),
+        (generate_search(hf, test_rows, options, tokenizer, 3), 1e-4),
+    ):
+        assert tokens_of(theirs) == tokens_of(mine)
+        for a, b in zip((h for found in theirs for h in found), (h for found in mine for h in found), strict=True):
+            assert (a.score, a.log_prob) == pytest.approx((b.score, b.log_prob), rel=1e-3, abs=tolerance)
+            assert b.score == pytest.approx(b.log_prob / (len(b.tokens) + 1) ** alpha, abs=1e-4)
+
+
+@pytest.mark.parametrize("rule", [{"min_len": 12}, {"no_repeat_ngram": 2}], ids=["min_len", "no_repeat_ngram"])
+def test_min_len_and_no_repeat_ngram_give_our_lines(
+    ours: tuple[Transformer, Tokenizer],
+    hf: transformers.MarianMTModel,
+    engine: EngineModel,
+    test_rows: list[list[int]],
+    rule: dict,
+) -> None:
+    """Greedy: ours, the engine's and ``generate``'s lines are the same. Beam search: ``generate``'s are
+    ours (both ban tokens after the log-softmax); the engine bans them before it, which raises the other
+    tokens' log-probabilities and so ranks beams otherwise: its lines keep the rule, some differ."""
+    model, tokenizer = ours
+    for options in (DecodingOptions(beam_size=1, **rule), DecodingOptions(length_penalty="power", **rule)):
+        mine = [found[0].tokens for found in our_search(model, test_rows, options, 1)]
+        assert generate_ids(hf, test_rows, options, tokenizer) == mine
+        theirs = [found[0].tokens for found in engine.search(test_rows, options)]
+        if options.beam_size == 1:
+            assert theirs == mine
+        for line in (*mine, *theirs):
+            n = options.no_repeat_ngram
+            assert len(line) >= options.min_len
+            assert not n or len({tuple(line[i : i + n]) for i in range(len(line) - n + 1)}) == len(line) - n + 1
+
+
+def test_the_engines_refuse_what_ours_does_otherwise_in_one_line_before_any_work(
+    ours: tuple[Transformer, Tokenizer], hf: transformers.MarianMTModel, engine: EngineModel, test_rows: list[list[int]]
+) -> None:
+    """GNMT's penalty with α > 0 (neither engine has it; greedy and α = 0 decode), and sampling, whose
+    draws neither engine can make depend on ``seed`` and the sentence alone, as ours do."""
+    tokenizer = ours[1]
+    sample = DecodingOptions(beam_size=1, sample=True)
+    for search in (engine.search, lambda rows, options: generate_search(hf, rows, options, tokenizer)):
+        with pytest.raises(
+            ValueError,
+            match=r"^decoding\.length_penalty=gnmt with decoding\.alpha=0\.6 has no .* "
+            r"equivalent: use decoding\.length_penalty=power .* or backend=aiayn$",
+        ) as refused:
+            search(test_rows, PAPER)
+        assert "\n" not in str(refused.value)
+        with pytest.raises(ValueError, match=r"^decoding\.sample=true is not reproducible through .*backend=aiayn$"):
+            search(test_rows, sample)
+    with pytest.raises(ValueError, match=r"^nbest=5 must be a whole number from 1 to the beam size \(4\)$"):
+        engine.search(test_rows, POWER, nbest=5)
+    assert engine.search(test_rows[:5], DecodingOptions(beam_size=1, alpha=0.6))  # greedy: no penalty, as ours
+
+
+def test_the_engine_adds_eos_to_the_source_as_the_folder_readme_says(
+    exported: dict[str, Path],
+    translations: Callable[[str, DecodingOptions], list[str]],
+    sources: list[str],
+) -> None:
+    """CTranslate2 as the folder's README.md shows it, on sentencepiece pieces without ``</s>``, gives
+    aiayn-translate's lines. A Hugging Face tokenizer's pieces end in ``</s>`` (CTranslate2's guide for
+    Marian models feeds them as they are): the engine adds a second one, and the lines differ."""
+    import sentencepiece
+
+    folder = exported["ct2"]
+    readme = (folder / "README.md").read_text()
+    assert "**Give the engine the source's sentencepiece pieces without `</s>`.**" in readme
+    assert json.loads((folder / "config.json").read_text())["add_source_eos"] is True
+    code = readme.split("```python\n")[1].split("```")[0]  # the README's example, run on a sentence of ours
+    code = code.replace('"path/to/this/folder"', repr(str(folder))).replace(
+        '"A man is riding a bike."', repr(sources[0])
+    )
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(code, {})
+    assert printed.getvalue() == translations("aiayn", POWER)[0] + "\n"
+    translator = ctranslate2.Translator(str(folder), device="cpu")
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "sentencepiece.model"))
+    pieces = [sp.encode(line, out_type=str) for line in sources]
+
+    def as_readme_shows(source: list[str]) -> str:
+        limit = len(source) - (source[-1] == "</s>") + 51  # source length + 50 tokens, + EOS
+        settings = {"beam_size": 4, "length_penalty": 0.6, "return_end_token": True, "patience": 2}
+        (result,) = translator.translate_batch([source], **settings, max_decoding_length=limit)
+        return sp.decode([piece for piece in result.hypotheses[0] if piece != "</s>"])
+
+    readme_lines = [as_readme_shows(source) for source in pieces]
+    assert readme_lines == translations("aiayn", POWER)
+    hf_tokenizer = transformers.MarianTokenizer.from_pretrained(exported["hf"])
+    hf_pieces = [hf_tokenizer.convert_ids_to_tokens(hf_tokenizer.encode(line)) for line in sources]
+    assert hf_pieces == [[*source, "</s>"] for source in pieces]
+    assert [as_readme_shows(source) for source in hf_pieces] != readme_lines
 
 
 def test_exported_folders_record_their_source_and_int8_keeps_the_translations(
@@ -330,7 +446,7 @@ def test_ctranslate2_takes_learned_positions_and_pre_ln(
         ours = sequence_log_prob(model, torch.tensor([*row, 3]), target)  # log P(target + EOS | row + EOS)
         assert sum(result.log_probs) == pytest.approx(ours, abs=1e-3)
     greedy = DecodingOptions(beam_size=1, max_len_offset=5)
-    assert engine.translate_ids(rows, greedy) == Translator(model, tokenizer, greedy).translate_ids(rows)
+    assert tokens_of(engine.search(rows, greedy)) == tokens_of(our_search(model, rows, greedy, 1))
 
 
 def broken(folder: Path, tmp_path: Path, damage: str) -> Path:

@@ -9,10 +9,10 @@ import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -190,6 +190,15 @@ def resolve_device(device: str) -> torch.device:
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "but no CUDA GPU is visible here; use device=cpu or device=auto")
     return chosen
+
+
+def required_checkpoints(checkpoint: Any) -> list[Path]:
+    """``checkpoint=<path>``, or ``checkpoint=[a.ckpt,b.ckpt]``: an ensemble (``aiayn-translate``, ``aiayn-eval``)."""
+    if isinstance(checkpoint, Sequence) and not isinstance(checkpoint, str):
+        if not checkpoint:
+            raise ConfigError("checkpoint", [], "must name at least one checkpoint")
+        return [required_checkpoint(path) for path in checkpoint]
+    return [required_checkpoint(checkpoint)]
 
 
 def required_checkpoint(checkpoint: str | None) -> Path:

@@ -20,22 +20,24 @@ import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoint, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoints, resolve_device
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError, DataError, whole
 from aiayn.files import atomic_write, same_file
 
+if TYPE_CHECKING:
+    from aiayn.evaluation.translator import Candidate
+
 # The settings that name something, and what they must be.
 NAMES = {
-    "checkpoint": "must be the path of a .ckpt of aiayn-train or aiayn-average, or of a CTranslate2 folder",
     "backend": "must be auto, aiayn or ctranslate2",
     "compute_type": "must be a CTranslate2 compute type (default, int8, float32, ...)",
     "input": "must be a file (or null: stdin)",
@@ -55,23 +57,25 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     # torch and the model are imported by the work that needs them: --help starts at once.
     from aiayn.config.build import decoding_options
-    from aiayn.evaluation.translator import Translator, load_translation_model
+    from aiayn.evaluation.translator import Translator, load_translation_models
 
     with reported_as_usage_errors("aiayn-translate"):
         check_settings(cfg, "translate", HydraConfig.get().overrides.task)
         source, target = checked_files(cfg)
-        model, tokenizer, _ = load_translation_model(
-            required_checkpoint(cfg.checkpoint), cfg.backend, resolve_device(cfg.device), cfg.compute_type
+        decoding = decoding_options(cfg.decoding)
+        checkpoints = required_checkpoints(cfg.checkpoint)
+        model, tokenizer, _ = load_translation_models(
+            checkpoints, cfg.backend, resolve_device(cfg.device), cfg.compute_type
         )
-        translator = Translator(model, tokenizer, decoding_options(cfg.decoding), max_tokens=cfg.max_tokens)
+        translator = Translator(model, tokenizer, decoding, cfg.max_tokens, nbest=cfg.nbest, seed=cfg.seed)
         with ExitStack() as files:
             stream = files.enter_context(open(source, "rb")) if source else sys.stdin.buffer
             lines = Utf8Lines(stream, str(source) if source else "<stdin>")
-            blocks = translator.translate_blocks(lines, block=cfg.buffer_lines)
+            blocks = written(translator.translate_blocks(lines, block=cfg.buffer_lines), cfg.nbest)
             if target is None:
                 sys.stdout.reconfigure(encoding="utf-8")
-                for translations in blocks:
-                    sys.stdout.write(text_of(translations))
+                for text in blocks:
+                    sys.stdout.write(text)
                     sys.stdout.flush()  # a reader at the other end of a pipe gets each block at once
             else:
                 atomic_write(target, lambda out: write_all(blocks, out))
@@ -83,7 +87,7 @@ def checked_files(cfg: DictConfig) -> tuple[Path | None, Path | None]:
     """The input and output files (None: stdin, stdout), once the settings are checked (``decoding`` is
     :func:`~aiayn.config.build.decoding_options`'s): each mistake a :class:`~aiayn.errors.ConfigError`
     naming its key, before the model is loaded or a file is written."""
-    for key in ("max_tokens", "buffer_lines"):
+    for key in ("max_tokens", "buffer_lines", "nbest"):
         if not whole(cfg[key], 1):
             raise ConfigError(key, cfg[key], "must be a whole number >= 1")
     for key, allowed in NAMES.items():
@@ -119,13 +123,24 @@ class Utf8Lines:
             yield line.rstrip("\r\n")
 
 
-def text_of(translations: list[str]) -> str:
-    return "".join(line + "\n" for line in translations)
+def written(blocks: Iterable[list[list[Candidate]]], nbest: int) -> Iterator[str]:
+    """The text of each block: a translation per line, or with ``nbest`` > 1 a JSON object per
+    translation (``{"line", "rank", "text", "score", "log_prob"}``; ``line`` counts from 0 in the
+    input, ``rank`` from 1; an empty line has none), in input order."""
+    from aiayn.evaluation.translator import nbest_jsonl  # the format aiayn-eval nbest= writes too
+
+    first = 0
+    for block in blocks:
+        if nbest == 1:
+            yield "".join((found[0].text if found else "") + "\n" for found in block)
+        else:
+            yield nbest_jsonl(block, first)
+        first += len(block)
 
 
-def write_all(blocks: Iterable[list[str]], out: IO[bytes]) -> None:
-    for translations in blocks:
-        out.write(text_of(translations).encode("utf-8"))
+def write_all(blocks: Iterable[str], out: IO[bytes]) -> None:
+    for text in blocks:
+        out.write(text.encode("utf-8"))
 
 
 if __name__ == "__main__":

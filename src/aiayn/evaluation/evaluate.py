@@ -1,7 +1,9 @@
-"""What ``aiayn-eval`` does: a checkpoint (or an exported engine) and a text with its references →
-hypotheses, their scores and a JSON report in an output folder; with a compared system (another
-checkpoint, or a file of hypotheses), also whether the two differ significantly (sacreBLEU's paired
-bootstrap). Plain arguments: the console script reads them from its config."""
+"""What ``aiayn-eval`` does: a checkpoint (or an exported engine, or an ensemble of checkpoints) and a text
+with its references → hypotheses (and with ``nbest`` > 1 the n best of each line), their scores and a JSON
+report in an output folder; with a compared system (another checkpoint or ensemble, or a file of
+hypotheses), also whether the two differ significantly (sacreBLEU's paired bootstrap). Choosing decoding
+settings on the validation split is :mod:`aiayn.evaluation.tuning`'s. Plain arguments: the console
+script reads them from its config."""
 
 from __future__ import annotations
 
@@ -17,8 +19,8 @@ import torch
 
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
-from aiayn.errors import CheckpointError, ConfigError, show
-from aiayn.evaluation.translator import Translator, load_translation_model
+from aiayn.errors import CheckpointError, ConfigError, show, whole
+from aiayn.evaluation.translator import Translator, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
 from aiayn.model import DecodingOptions
@@ -29,6 +31,7 @@ TOKENIZED_BLEU = ("auto", True, False)
 # What torch.load reads: a zip archive (torch.save's format) or a pickle (its legacy one). Neither can
 # begin a file of UTF-8 text, so a file of hypotheses is never mistaken for a checkpoint.
 CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+Compared = tuple[list[Path], bool]  # compare=: the system's files and whether they are checkpoints
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,11 @@ class Evaluation:
     report_file: Path
     hypotheses_file: Path
     comparison: PairedBootstrap | None
+    nbest_file: Path | None = None
 
 
 def evaluate(
-    checkpoint: Path,
+    checkpoint: Path | Sequence[Path],
     texts: Texts,
     decoding: DecodingOptions,
     device: torch.device,
@@ -65,51 +69,65 @@ def evaluate(
     compute_type: str = "default",
     max_tokens: int = 8192,
     tokenized_bleu: str | bool = "auto",
-    compare: tuple[Path, bool] | None = None,
+    compare: Compared | None = None,
     output_dir: Path | None = None,
+    nbest: int = 1,
+    seed: int = 0,
 ) -> Evaluation:
-    """Translates ``texts`` with the model of ``checkpoint`` (decoded by ``backend``, with ``decoding``,
-    in batches of ``max_tokens`` source tokens on ``device``), scores the hypotheses against the
-    references (sacreBLEU and chrF; the paper's tokenized BLEU too when ``tokenized_bleu`` is true, or
+    """Translates ``texts`` with the model of ``checkpoint`` (or the ensemble of several: the mean of their
+    log-probabilities), decoded by ``backend`` with ``decoding`` (the draws of ``decoding.sample`` decided
+    by ``seed``), in batches of ``max_tokens`` source tokens on ``device``; scores the hypotheses against
+    the references (sacreBLEU and chrF; the paper's tokenized BLEU too when ``tokenized_bleu`` is true, or
     ``auto`` and the target language is one the paper reports it for) and writes the hypotheses and the
-    report to ``output_dir`` (:func:`output_folder`). ``compare`` is :func:`compared_system`'s: its
-    system is checked before anything is translated, then translated alike (a checkpoint) and tested
+    report to ``output_dir`` (:func:`output_folder`). With ``nbest`` > 1 the n best of each line (or n
+    samples) go to ``<stem>.nbest.jsonl`` as well, in ``aiayn-translate``'s format; the hypotheses and
+    the scores are the first of each line, as with ``nbest=1``. ``compare`` is :func:`compared_system`'s:
+    its system is checked before anything is translated, then translated alike (checkpoints) and tested
     against this one.
 
-    The files are named by what defines them (the checkpoint, the texts, the settings, the compared
+    The files are named by what defines them (every checkpoint, the texts, the settings, the compared
     system; :func:`output_digest`): another text of the same file name, other options or another
     compared system never replace them, and the same evaluation again replaces its own."""
     if tokenized_bleu not in TOKENIZED_BLEU:
         raise ConfigError("tokenized_bleu", tokenized_bleu, "must be auto, true or false")
-    model, tokenizer, run_config = load_translation_model(checkpoint, backend, device, compute_type)
-    translator = Translator(model, tokenizer, decoding, max_tokens=max_tokens)
-    tgt_lang = (direction(run_config, checkpoint) or (None, None))[1]
-    name, source, reference = evaluation_texts(texts, run_config, checkpoint)
-    second = second_system(compare, translator, run_config, checkpoint, reference, device) if compare else None
+    checked_nbest(nbest, decoding)
+    paths = checkpoint_paths(checkpoint)
+    model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
+    translator = Translator(model, tokenizer, decoding, max_tokens=max_tokens, nbest=nbest, seed=seed)
+    tgt_lang = (direction(run_config, paths[0]) or (None, None))[1]
+    name, source, reference = evaluation_texts(texts, run_config, paths[0])
+    second = second_system(compare, translator, run_config, paths[0], reference, device) if compare else None
     wants_tokenized = tokenized_bleu is True or (tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS)
     settings = settings_of(translator, device)
     digest = texts_digest(source, reference)
     identity = {
-        "checkpoint": file_identity(checkpoint),
+        "checkpoint": system_identity(paths),
         "texts": digest,
         "settings": settings,
+        "nbest": nbest,
         "tokenized_bleu": tgt_lang if wants_tokenized else None,
-        "compare": [*file_identity(compare[0]), compare[1]] if compare else None,
+        "compare": [system_identity(compare[0]), compare[1]] if compare else None,
     }
-    folder = output_folder(checkpoint, output_dir)
+    folder = output_folder(paths[0], output_dir)
     engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
-    system = checkpoint.resolve().name if checkpoint.is_dir() else checkpoint.stem
-    stem = f"{system}{engine}.{name}.beam{decoding.beam_size}-alpha{decoding.alpha}.{output_digest(identity)}"
+    searched = f"sample-seed{seed}" if decoding.sample else f"beam{decoding.beam_size}-alpha{decoding.alpha}"
+    stem = f"{system_name(paths)}{engine}.{name}.{searched}.{output_digest(identity)}"
 
     start = time.perf_counter()
-    hypotheses = translator.translate(source)
+    found = translator.candidates(source)
+    hypotheses = [candidates[0].text if candidates else "" for candidates in found]
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
     folder.mkdir(parents=True, exist_ok=True)
     hyp_file = folder / f"{stem}.hyp.txt"
     atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
+    nbest_file = folder / f"{stem}.nbest.jsonl" if nbest > 1 else None
+    if nbest_file is not None:
+        atomic_write(nbest_file, nbest_jsonl(found))
     report = {
-        "checkpoint": str(checkpoint),
+        "checkpoint": shown_paths(paths),
+        "system": system_name(paths),
+        "members": [file_identity(path) for path in paths],  # an ensemble's each (one model: one)
         "evaluated": name,
         "texts_sha256": digest,
         "backend": settings["backend"],
@@ -121,20 +139,60 @@ def evaluate(
         "seconds": seconds,
         "sentences_per_s": len(source) / seconds if seconds else None,
         "hypotheses": str(hyp_file),
+        "nbest": nbest,
+        **({"nbest_file": str(nbest_file)} if nbest_file else {}),
     }
     test = None
     if compare is not None:
-        system_path, is_checkpoint = compare
-        other, other_file, other_settings = second, system_path, None
+        system_paths, is_checkpoint = compare
+        other, other_file, other_settings = second, system_paths[0], None
         if isinstance(second, Translator):  # named after both: two runs' best.ckpt must not share one file
-            other_file = folder / f"{stem}.compare-{system_path.stem}.hyp.txt"
+            other_file = folder / f"{stem}.compare-{system_name(system_paths)}.hyp.txt"
             other, other_settings = second.translate(source), settings_of(second, device)
             atomic_write(other_file, "".join(line + "\n" for line in other))
-        test = paired_bootstrap([(str(checkpoint), hypotheses), (str(system_path), other)], reference)
-        report["compare"] = comparison_report(test, system_path, is_checkpoint, other_file, other_settings)
+        test = paired_bootstrap([(system_label(paths), hypotheses), (system_label(system_paths), other)], reference)
+        report["compare"] = comparison_report(test, system_paths, is_checkpoint, other_file, other_settings)
     report_file = folder / f"{stem}.json"
     atomic_write(report_file, json.dumps(report, indent=2) + "\n")
-    return Evaluation(report, report_file, hyp_file, test)
+    return Evaluation(report, report_file, hyp_file, test, nbest_file)
+
+
+def checkpoint_paths(checkpoint: Path | Sequence[Path]) -> list[Path]:
+    """``checkpoint``: one path, or an ensemble's (at least one)."""
+    paths = [Path(checkpoint)] if isinstance(checkpoint, str | Path) else [Path(path) for path in checkpoint]
+    if not paths:
+        raise ConfigError("checkpoint", [], "must name at least one checkpoint")
+    return paths
+
+
+def checked_nbest(nbest: int, decoding: DecodingOptions) -> None:
+    """``nbest``, checked before any model is loaded: at most the beam size, or any number of samples."""
+    if not whole(nbest, 1) or (not decoding.sample and nbest > decoding.beam_size):
+        raise ConfigError("nbest", nbest, f"must be a whole number from 1 to the beam size ({decoding.beam_size}), "
+                          "or any number of samples with decoding=sample")  # fmt: skip
+
+
+def system_name(paths: Sequence[Path]) -> str:
+    """What names a system's files: its checkpoint's stem (an engine folder's name), or for an ensemble
+    ``ensemble<n>-<the first member's>`` (the members themselves are in the file's digest and report)."""
+    first = paths[0]
+    name = first.resolve().name if first.is_dir() else first.stem
+    return name if len(paths) == 1 else f"ensemble{len(paths)}-{name}"
+
+
+def system_label(paths: Sequence[Path]) -> str:
+    """A system in the paired bootstrap and the printed summary: its checkpoint, or its members joined by +."""
+    return " + ".join(str(path) for path in paths)
+
+
+def shown_paths(paths: Sequence[Path]) -> str | list[str]:
+    """A system in the JSON report: its checkpoint's path, or the list of its members'."""
+    return str(paths[0]) if len(paths) == 1 else [str(path) for path in paths]
+
+
+def system_identity(paths: Sequence[Path]) -> list[Any]:
+    """:func:`file_identity` of a checkpoint, or the list of each member's for an ensemble."""
+    return file_identity(paths[0]) if len(paths) == 1 else [file_identity(path) for path in paths]
 
 
 def evaluation_texts(texts: Texts, run_config: dict[str, Any], checkpoint: Path) -> tuple[str, list[str], list[str]]:
@@ -169,20 +227,32 @@ def output_folder(checkpoint: Path, output_dir: Path | None) -> Path:
     return folder
 
 
-def compared_system(value: Any) -> tuple[Path, bool] | None:
+def compared_system(value: Any) -> Compared | None:
     """``compare=``: None, or an existing file and whether it is a checkpoint (a ``.ckpt``, or a file in
-    a format ``torch.load`` reads) rather than a file of hypotheses. Checked before any model is loaded."""
+    a format ``torch.load`` reads) rather than a file of hypotheses; or a list of checkpoints, an ensemble.
+    Checked before any model is loaded."""
     if value is None:
         return None
     allowed = "must be a checkpoint (.ckpt) or a UTF-8 file of hypotheses, one per line of the references"
-    if not isinstance(value, str) or not value:
-        raise ConfigError("compare", value, allowed)
-    path = Path(value)
-    if not path.is_file():
-        raise ConfigError("compare", value, f"is not a file; it {allowed.removeprefix('must ')}")
+    values = list(value) if isinstance(value, list | tuple) else [value]
+    if not values or not all(isinstance(item, str) and item for item in values):
+        raise ConfigError("compare", value, f"{allowed}; or [a.ckpt,b.ckpt], an ensemble")
+    paths = [Path(item) for item in values]
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError("compare", str(path), f"is not a file; it {allowed.removeprefix('must ')}")
+    kinds = [is_checkpoint_file(path) for path in paths]
+    if len(paths) > 1 and not all(kinds):
+        shown = str(paths[kinds.index(False)])
+        raise ConfigError("compare", shown, "is not a checkpoint; a list of systems is an ensemble of checkpoints")
+    return paths, kinds[0]
+
+
+def is_checkpoint_file(path: Path) -> bool:
+    """A ``.ckpt``, or a file in a format ``torch.load`` reads; else a file of hypotheses."""
     with path.open("rb") as handle:
         head = handle.read(4)
-    return path, path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
+    return path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
 
 
 def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
@@ -196,18 +266,20 @@ def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
         "device": str(device),
         "decoding": translator.decoding.to_dict(),
         "max_tokens": translator.max_tokens,
+        **({"seed": translator.seed} if translator.decoding.sample else {}),  # beam search draws nothing
     }
 
 
 def second_system(
-    compare: tuple[Path, bool], first: Translator, first_run: dict[str, Any], checkpoint: Path,
+    compare: Compared, first: Translator, first_run: dict[str, Any], checkpoint: Path,
     references: list[str], device: torch.device,
 ) -> Translator | list[str]:  # fmt: skip
-    """The ``compare=`` system, checked before anything is translated: a checkpoint's translator, which
-    decodes exactly as ``first`` does (the same backend, compute type, device, decoding options and
-    batches; an engine folder's checkpoint is converted for the engine with its arithmetic) and
-    translates in the same direction; or the file's hypotheses, one per reference."""
-    system, is_checkpoint = compare
+    """The ``compare=`` system, checked before anything is translated: a checkpoint's (or an ensemble's)
+    translator, which decodes exactly as ``first`` does (the same backend, compute type, device, decoding
+    options, seed and batches; an engine folder's checkpoint is converted for the engine with its
+    arithmetic) and translates in the same direction; or the file's hypotheses, one per reference."""
+    paths, is_checkpoint = compare
+    system = paths[0]
     if not is_checkpoint:
         hypotheses = read_lines(system)
         if len(hypotheses) != len(references):
@@ -218,9 +290,13 @@ def second_system(
     wanted = settings_of(first, device)
     backend, compute_type = wanted["backend"], wanted["compute_type"] or "default"
     try:
-        model, tokenizer, run_config = load_translation_model(system, backend, device, compute_type)
+        model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
     except CheckpointError as error:
-        raise CheckpointError(f"compare={system}: {error}") from None
+        raise CheckpointError(f"compare={system_label(paths)}: {error}") from None
+    except ConfigError as error:  # the ensemble's own checks, said of compare=
+        if error.key != "checkpoint":
+            raise
+        raise ConfigError("compare", error.value, error.allowed) from None
     first_direction, second_direction = direction(first_run, checkpoint), direction(run_config, system)
     if first_direction and second_direction and first_direction != second_direction:
         allowed = (
@@ -228,7 +304,7 @@ def second_system(
             "compare systems of one direction"
         )
         raise ConfigError("compare", str(system), allowed)
-    second = Translator(model, tokenizer, first.decoding, max_tokens=first.max_tokens)
+    second = Translator(model, tokenizer, first.decoding, max_tokens=first.max_tokens, seed=first.seed)
     if (got := settings_of(second, device)) != wanted:
         differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
         raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
@@ -277,15 +353,17 @@ def output_digest(identity: dict[str, Any]) -> str:
 
 
 def comparison_report(
-    test: PairedBootstrap, system: Path, is_checkpoint: bool, hypotheses: Path, settings: dict[str, Any] | None
-) -> dict[str, Any]:
+    test: PairedBootstrap, system: Sequence[Path], is_checkpoint: bool, hypotheses: Path,
+    settings: dict[str, Any] | None,
+) -> dict[str, Any]:  # fmt: skip
     """The JSON report's ``compare`` section: the second system's sacreBLEU, its difference to the first
     (``checkpoint=``, the test's baseline) with the 95% interval, the p-value, and how it was decoded
     (``settings``, the first system's; null for a file of hypotheses, decoded elsewhere)."""
     baseline, other = test.systems
     return {
-        "system": str(system),
-        "kind": "checkpoint" if is_checkpoint else "hypotheses",
+        "system": shown_paths(system),
+        "kind": ("ensemble" if len(system) > 1 else "checkpoint") if is_checkpoint else "hypotheses",
+        "members": [file_identity(path) for path in system] if is_checkpoint else None,
         "hypotheses": str(hypotheses),
         "settings": settings,
         "sacrebleu": other.bleu,
@@ -331,4 +409,6 @@ def summary_lines(evaluation: Evaluation) -> list[str]:
         f"{report['sentences']} sentences in {report['seconds']:.1f} s; hypotheses: {evaluation.hypotheses_file}; "
         f"scores: {evaluation.report_file}"
     )
+    if evaluation.nbest_file is not None:
+        lines.append(f"{report['nbest']} best of each line (JSON lines): {evaluation.nbest_file}")
     return lines

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -12,36 +14,75 @@ import torch
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, whole
 from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
-from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, translate_ids
+from aiayn.model import PAPER_DECODING, DecodingOptions, Hypothesis, Transformer, search
 from aiayn.training.checkpoints import load_model
 
 BACKENDS = ("auto", "aiayn", "ctranslate2")  # auto: the engine for an exported folder, ours for a .ckpt
 CHARS_MARGIN = 2  # a line refused unread has more than twice the characters the model's tokens can hold
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One translation of a line: its text, its length-normalised score and its log-probability."""
+
+    text: str
+    score: float
+    log_prob: float
+
+
+def nbest_jsonl(found: Sequence[Sequence[Candidate]], first_line: int = 0) -> str:
+    """The n-best (or sampled) translations of consecutive lines as JSON lines, one object per translation:
+    ``{"line", "rank", "text", "score", "log_prob"}``; ``line`` counts from 0 in the input (the first of
+    ``found`` is line ``first_line``), ``rank`` from 1; an empty line has none. ``aiayn-translate nbest=``
+    and ``aiayn-eval nbest=`` write this format."""
+    return "".join(
+        json.dumps({"line": first_line + i, "rank": rank, **asdict(candidate)}, ensure_ascii=False) + "\n"
+        for i, candidates in enumerate(found)
+        for rank, candidate in enumerate(candidates, start=1)
+    )
+
+
 class Translator:
-    """Translates lines of raw text with beam search as ``decoding`` says (the paper's by default).
+    """Translates lines of raw text as ``decoding`` says (the paper's beam search by default; sampling
+    with ``decoding.sample``), ``nbest`` translations per line where asked.
 
     Lines are encoded with the model's own BPE, sorted by length and cut into batches of at most
     ``max_tokens`` source tokens (padding included), so that short sentences are not padded to long
-    ones; results come back in input order. An empty line translates to an empty line.
+    ones; results come back in input order. An empty line translates to an empty line. A sampled line's
+    draws depend on ``seed`` and its number in the input only, not on its batch.
 
-    ``model`` is ours (decoded by :func:`aiayn.model.beam_search`) or an exported CTranslate2 model
-    (decoded by the engine's beam search, with the same options; see :mod:`aiayn.export.ctranslate2`).
+    ``model`` is ours (decoded by :func:`aiayn.model.search`), several of ours (an ensemble: the mean of
+    their log-probabilities at each step), or an exported CTranslate2 model (decoded by the engine with
+    the same options; see :mod:`aiayn.export.ctranslate2`).
     """
 
     def __init__(
         self,
-        model: Transformer | EngineModel,
+        model: Transformer | Sequence[Transformer] | EngineModel,
         tokenizer: Tokenizer,
         decoding: DecodingOptions = PAPER_DECODING,
         max_tokens: int = 8192,
+        nbest: int = 1,
+        seed: int = 0,
     ) -> None:
         if not whole(max_tokens, 1):
             raise ConfigError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
-        self.model = model.eval() if isinstance(model, Transformer) else model
+        limit = 2**31 if decoding.sample else decoding.beam_size
+        if not whole(nbest, 1) or nbest > limit:
+            raise ConfigError("nbest", nbest, f"must be a whole number from 1 to the beam size ({decoding.beam_size})")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError("seed", seed, "must be a whole number")
+        self.models = [model] if isinstance(model, Transformer | EngineModel) else list(model)
+        if len(self.models) > 1 and any(isinstance(member, EngineModel) for member in self.models):
+            raise ConfigError("backend", "ctranslate2", "decodes one model; an ensemble decodes with backend=aiayn")
+        for member in self.models:
+            if isinstance(member, Transformer):
+                member.eval()
+        self.model = self.models[0] if len(self.models) == 1 else self.models
         self.tokenizer, self.decoding, self.max_tokens = tokenizer, decoding, max_tokens
-        self.max_source_tokens = model.cfg.max_positions - 1  # the encoder's position table, with room for EOS
+        self.nbest, self.seed = nbest, seed
+        # the encoders' position tables, with room for EOS
+        self.max_source_tokens = min(member.cfg.max_positions for member in self.models) - 1
         # Characters (spaces aside) that max_source_tokens pieces can hold, times the margin: a line near
         # the limit is left to the token count, whose message is exact.
         self.max_chars = CHARS_MARGIN * self.max_source_tokens * longest_piece(tokenizer)
@@ -58,7 +99,12 @@ class Translator:
         return cls(model, tokenizer, decoding, max_tokens)
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
-        """Translations of ``lines``, in the same order; errors number lines from ``first_line``.
+        """Translations of ``lines`` (the best, or the first sample), in the same order; see :meth:`candidates`."""
+        return [found[0].text if found else "" for found in self.candidates(lines, first_line)]
+
+    def candidates(self, lines: Sequence[str], first_line: int = 1) -> list[list[Candidate]]:
+        """The ``nbest`` translations of each of ``lines`` (best first; samples in the order drawn), in the
+        same order; errors number lines from ``first_line``, which also numbers them for sampling.
 
         A line longer than the model reads is a :class:`ValueError`. One with more characters (spaces
         aside) than :attr:`max_chars`, twice what the model's tokens can hold, is refused before it is
@@ -80,20 +126,23 @@ class Translator:
             if len(row) > limit:
                 raise ValueError(f"line {number} has {len(row)} tokens; this model reads at most {limit}")
         order = sorted((i for i, row in enumerate(ids) if row), key=lambda i: len(ids[i]), reverse=True)
-        outputs = [""] * len(lines)
+        outputs: list[list[Candidate]] = [[] for _ in lines]
         for batch in self._batches(order, ids):
-            for i, text in zip(batch, self.tokenizer.decode(self.translate_ids([ids[i] for i in batch])), strict=True):
-                outputs[i] = text
+            found = self.search_ids([ids[i] for i in batch], [first_line - 1 + i for i in batch])
+            for i, hypotheses in zip(batch, found, strict=True):
+                texts = self.tokenizer.decode([hypothesis.tokens for hypothesis in hypotheses])
+                outputs[i] = [Candidate(t, h.score, h.log_prob) for t, h in zip(texts, hypotheses, strict=True)]
         return outputs
 
-    def translate_blocks(self, lines: Iterable[str], block: int = 1000) -> Iterator[list[str]]:
-        """Translate an unbounded stream ``block`` lines at a time (for pipes), in order."""
+    def translate_blocks(self, lines: Iterable[str], block: int = 1000) -> Iterator[list[list[Candidate]]]:
+        """Translate an unbounded stream ``block`` lines at a time (for pipes), in order: each line's
+        :meth:`candidates`."""
         if block < 1:
             raise ValueError(f"block={block}: translate at least 1 line at a time")
         iterator = iter(lines)
         first_line = 1
         while chunk := list(islice(iterator, block)):
-            yield self.translate(chunk, first_line)
+            yield self.candidates(chunk, first_line)
             first_line += len(chunk)
 
     def _batches(self, order: list[int], ids: list[list[int]]) -> Iterator[list[int]]:
@@ -107,12 +156,16 @@ class Translator:
         if batch:
             yield batch
 
-    def translate_ids(self, rows: list[list[int]]) -> list[list[int]]:
-        """The best hypothesis of each source (ids without EOS), by our beam search or the engine's."""
+    def search_ids(self, rows: list[list[int]], numbers: list[int]) -> list[list[Hypothesis]]:
+        """The ``nbest`` hypotheses of each source (ids without EOS; ``numbers``: the lines' places in the
+        input, 0 first), by our search or the engine's."""
         if isinstance(self.model, EngineModel):
-            return self.model.translate_ids(rows, self.decoding)
-        tokenizer = self.tokenizer
-        return translate_ids(self.model, self._source_tensor(rows), tokenizer.bos_id, tokenizer.eos_id, self.decoding)
+            return self.model.search(rows, self.decoding, self.nbest, self.seed)
+        tokenizer, sentences = self.tokenizer, torch.tensor(numbers, dtype=torch.long)
+        src = self._source_tensor(rows)
+        return search(
+            self.model, src, tokenizer.bos_id, tokenizer.eos_id, self.decoding, self.nbest, self.seed, sentences
+        )
 
     def _source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """Source ids + EOS, right-padded, as the training batches are (see ``data.dataset.Collator``)."""
@@ -121,7 +174,7 @@ class Translator:
         for r, row in enumerate(rows):
             src[r, : len(row)] = torch.tensor(row, dtype=torch.long)
             src[r, len(row)] = self.tokenizer.eos_id
-        return src.to(next(self.model.parameters()).device)
+        return src.to(next(self.models[0].parameters()).device)
 
 
 def load_translation_model(
@@ -154,6 +207,41 @@ def load_translation_model(
         # is, and a shared checkpoint's values (bytes, any nesting) need not be JSON.
         return engine_of(model, tokenizer, {}, device, compute_type), tokenizer, run_config
     return model, tokenizer, run_config
+
+
+def load_translation_models(
+    paths: Sequence[Path], backend: str = "auto", device: str | torch.device = "cpu", compute_type: str = "default"
+) -> tuple[Transformer | list[Transformer] | EngineModel, Tokenizer, dict[str, Any]]:
+    """:func:`load_translation_model` for one checkpoint; for several, an ensemble of our models (the run
+    config is the first's). The members must share the tokenizer (hence the vocabulary) and the direction;
+    their shapes may differ. CTranslate2 decodes one model: an ensemble is ours."""
+    if len(paths) == 1:
+        return load_translation_model(paths[0], backend, device, compute_type)
+    if backend == "ctranslate2" or compute_type != "default" or any(is_engine_folder(Path(p)) for p in paths):
+        raise ConfigError("checkpoint", [str(p) for p in paths], "of several is an ensemble of .ckpt files, "
+                          "decoded by backend=aiayn (CTranslate2 decodes one model)")  # fmt: skip
+    models, first_tokenizer, first_config = [], None, {}
+    for path in paths:
+        model, tokenizer, run_config = load_model(Path(path), device)
+        if first_tokenizer is None:
+            first_tokenizer, first_config = tokenizer, run_config
+        elif tokenizer.to_bytes() != first_tokenizer.to_bytes():
+            raise ConfigError("checkpoint", str(path), f"has another tokenizer than {paths[0]}; an ensemble's "
+                              "members share one (the same corpus and vocabulary)")  # fmt: skip
+        elif (this := direction_of(run_config)) != (first := direction_of(first_config)):
+            allowed = f"translates {this}, {paths[0]} {first}; an ensemble's members translate one direction"
+            raise ConfigError("checkpoint", str(path), allowed)
+        models.append(model)
+    assert first_tokenizer is not None
+    return models, first_tokenizer, first_config
+
+
+def direction_of(run_config: dict[str, Any]) -> str | None:
+    """``<source>→<target>`` as a run config's data section says, or None."""
+    data = run_config.get("data") if isinstance(run_config, dict) else None
+    if isinstance(data, dict) and data.get("src_lang") is not None:
+        return f"{data.get('src_lang')}→{data.get('tgt_lang')}"
+    return None
 
 
 def longest_piece(tokenizer: Tokenizer) -> int:

@@ -7,9 +7,13 @@ so :func:`convert` fills CTranslate2's own ``TransformerSpec`` from the checkpoi
 through the engine's converter base class (its validation, quantization and file format). The spec
 takes our layout as it is: the fused Q/K/V projection, our position table, pre-LN or post-LN.
 
-:class:`EngineModel` translates token ids with the engine's beam search, with our decoding options:
-beam size, length penalty α, and at most source length + ``max_len_offset`` tokens before EOS (the
-engine takes one length limit per call, so sentences go in groups of one source length).
+The engine appends EOS to every source itself (``add_source_eos`` in its ``config.json``, as for
+CTranslate2's fairseq and Marian conversions): give it the sentencepiece pieces without ``</s>``. The
+pieces of a Hugging Face tokenizer end in ``</s>``, which the engine would double, and that changes the
+translations; the folder's README.md (:data:`README`) says so where a user looks.
+
+:meth:`EngineModel.search` decodes token ids with the engine, with our decoding options (see its
+docstring for what maps to what, and what is refused).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from aiayn.errors import first_line
 from aiayn.export.folder import (
     PROVENANCE_FILE,
     TOKENIZER_FILE,
+    check_decoding,
     check_exportable,
     length_groups,
     read_provenance,
@@ -32,10 +37,46 @@ from aiayn.export.folder import (
 )
 from aiayn.extras import require
 from aiayn.machine import available_cpus
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig
+from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerConfig, length_penalty
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "float16", "bfloat16", "int8_bfloat16")
 MODEL_FILE = "model.bin"
+README_FILE = "README.md"
+EOS = "</s>"  # our EOS piece (aiayn.data.tokenizer), the engine's end token
+# EngineModel.search: a sentence ends once PATIENCE × beam size hypotheses have (the engine's default is 1).
+# Beam 4, power penalty, the tiny test model, 400 sentences: the best lines of ours in 395 (α = 0.6) and 394
+# (α = 1) sentences with 1, in all with 2; the 3 best of ours in 344 and 317 with 1, 399 with 2; 1.2-1.6x the time.
+PATIENCE = 2
+NBEST_ALPHA = 1e-6  # |Y|^1e-6 for α = 0 with n-best: under 1e-5 of a score, but no early stop
+README = """# A CTranslate2 model exported by aiayn-export
+
+**Give the engine the source's sentencepiece pieces without `</s>`.** The engine appends `</s>` itself
+(`"add_source_eos": true` in config.json). The pieces of a Hugging Face tokenizer end in `</s>`, as in
+CTranslate2's guide for Hugging Face Marian models: drop that last `</s>`, or the source ends in two and
+the translations are not the model's (`aiayn-translate` gives the model's).
+
+```python
+import ctranslate2, sentencepiece as spm
+
+folder = "path/to/this/folder"
+translator = ctranslate2.Translator(folder, device="cpu")
+sp = spm.SentencePieceProcessor(model_file=f"{folder}/sentencepiece.model")
+source = sp.encode("A man is riding a bike.", out_type=str)  # no "</s>": the engine adds it
+result = translator.translate_batch(
+    [source], beam_size=4, length_penalty=0.6, return_end_token=True, patience=2,
+    max_decoding_length=len(source) + 51,
+)
+print(sp.decode([piece for piece in result[0].hypotheses[0] if piece != "</s>"]))
+```
+
+These settings are aiayn-translate's with `decoding.length_penalty=power` (beam 4, α = 0.6, at most
+source length + 50 tokens before `</s>`): the score is log P / |Y|^α, where |Y| counts `</s>` only with
+`return_end_token=True`; with `patience=2` a sentence ends once 8 hypotheses have, not 4, so that one
+ended early rarely wins over a better one still searched. aiayn's default penalty, GNMT's
+((5 + |Y|) / 6)^α, has no CTranslate2 equivalent. `aiayn.json` records the source checkpoint, the model
+and the run's config; `sentencepiece.model` is the model's tokenizer. See aiayn's docs/decoding.md, "Use
+the model elsewhere".
+"""
 
 
 def import_ctranslate2() -> Any:
@@ -131,9 +172,11 @@ def convert(
     model: Transformer, tokenizer: Tokenizer, folder: Path, quantization: str, provenance: dict[str, Any]
 ) -> None:
     """Write a CTranslate2 model folder of ``model`` (weights stored as ``quantization``), with our
-    tokenizer and provenance beside it: what :class:`EngineModel` loads."""
+    tokenizer, provenance and a README.md (the source form the engine takes) beside it: what
+    :class:`EngineModel` loads."""
     write_engine_model(model, vocabulary(tokenizer), folder, quantization)
     write_companions(folder, tokenizer, {**provenance, "quantization": quantization})
+    (folder / README_FILE).write_text(README, encoding="utf-8")
 
 
 def is_engine_folder(path: Path) -> bool:
@@ -169,7 +212,7 @@ class EngineModel:
         except (OSError, RuntimeError) as error:  # missing, or not a sentencepiece model
             raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} cannot be read ({first_line(error)})") from None
         self.pieces = vocabulary(self.tokenizer)
-        if self.cfg.vocab_size != len(self.pieces) or self.pieces[EOS_ID] != "</s>":
+        if self.cfg.vocab_size != len(self.pieces) or self.pieces[EOS_ID] != EOS:
             raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} is not the model's tokenizer; export it again")
         self.never = [[self.pieces[PAD_ID]], [self.pieces[BOS_ID]]]  # as in our beam search
         device = torch.device(device)
@@ -206,28 +249,83 @@ class EngineModel:
         config = self.provenance.get("run_config")
         return config if isinstance(config, dict) else {}
 
-    def translate_ids(self, rows: list[list[int]], options: DecodingOptions) -> list[list[int]]:
-        """The best hypothesis of each source (ids without EOS), without EOS, as our beam search returns."""
+    def search(
+        self, rows: list[list[int]], options: DecodingOptions, nbest: int = 1, seed: int = 0
+    ) -> list[list[Hypothesis]]:
+        """The ``nbest`` best hypotheses of each source (ids without EOS), best first, by the engine's
+        beam search (greedy for one beam), as :func:`aiayn.model.nbest_search` gives them: tokens without
+        BOS and EOS, ``score`` the engine's (``return_scores``: log P / |Y|^α) and ``log_prob`` log P
+        (that score times |Y|^α; the engine's translator returns no log-probability of its own).
+
+        Mapped: ``beam_size``; ``nbest`` → ``num_hypotheses``; ``alpha`` under ``power`` →
+        ``length_penalty`` with ``return_end_token``, so that |Y| counts EOS as ours does (no penalty
+        with one beam, as ours); ``min_len`` → ``min_decoding_length``; ``no_repeat_ngram`` →
+        ``no_repeat_ngram_size``; ``max_len_offset`` → ``max_decoding_length``, one per group of one
+        source length. Refused (:func:`check_options`): GNMT's penalty with α > 0, and sampling, so
+        ``seed`` (accepted as :func:`aiayn.model.search` takes it) decides nothing here.
+
+        Where ours and the engine differ (docs/decoding.md): the engine stops a sentence once
+        :data:`PATIENCE` × beam size hypotheses have ended (ours: once no live beam can still win); it
+        bans tokens (PAD, BOS, EOS before ``min_len``, repeated n-grams) before the softmax, so the
+        other tokens' log-probabilities rise where ours keep theirs; and it cuts a hypothesis at the
+        length limit without EOS, where ours ends it with EOS: such a hypothesis gets EOS's
+        log-probability here (the engine's ``score_batch``), so that its score is ours.
+        """
+        check_options(options, nbest)
         groups = list(length_groups(rows, options, self.cfg.max_positions))
+        alpha = options.alpha if options.beam_size > 1 else 0.0  # one beam: the arg-max, as ours
+        # With no penalty the engine stops once its best hypothesis has ended: right for the best,
+        # not for the next ones. A negligible exponent makes it count ended hypotheses instead.
+        engine_alpha = alpha if alpha > 0 or nbest == 1 else NBEST_ALPHA
         # Every group is queued at once: the engine's workers take them in parallel.
         pending = [
             self.engine.translate_batch(
                 [[self.pieces[t] for t in rows[i]] for i in members],
                 beam_size=options.beam_size,
-                length_penalty=options.alpha if options.beam_size > 1 else 0.0,
+                patience=PATIENCE,
+                num_hypotheses=nbest,
+                length_penalty=engine_alpha,
+                return_end_token=True,  # EOS counts in |Y|, as in ours
+                return_scores=True,
                 max_decoding_length=limit,
+                min_decoding_length=min(options.min_len, limit),  # the engine wants min <= max
+                no_repeat_ngram_size=options.no_repeat_ngram,
                 max_input_length=0,
-                min_decoding_length=0,
                 suppress_sequences=self.never,
                 asynchronous=True,
             )
             for limit, members in groups
         ]
-        out: list[list[int]] = [[] for _ in rows]
+        found: list[list[tuple[list[str], float]]] = [[] for _ in rows]
         for (_, members), results in zip(groups, pending, strict=True):
             for i, result in zip(members, results, strict=True):
-                out[i] = [self.tokenizer.sp.piece_to_id(piece) for piece in result.result().hypotheses[0]]
+                done = result.result()
+                found[i] = list(zip(done.hypotheses, done.scores, strict=True))
+        # A hypothesis cut at the length limit has no EOS, which ours would end it with: EOS's term is added.
+        cut = [(i, n) for i, pairs in enumerate(found) for n, (pieces, _) in enumerate(pairs) if pieces[-1:] != [EOS]]
+        sources = [[self.pieces[t] for t in rows[i]] for i, _ in cut]
+        ends = self.engine.score_batch(sources, [found[i][n][0] for i, n in cut], max_input_length=0) if cut else []
+        eos_log_prob = {place: result.log_probs[-1] for place, result in zip(cut, ends, strict=True)}
+        out: list[list[Hypothesis]] = []
+        for i, pairs in enumerate(found):
+            out.append([])
+            for n, (pieces, score) in enumerate(pairs):
+                tokens = [self.tokenizer.sp.piece_to_id(piece) for piece in pieces if piece != EOS]
+                # log P: the engine's score times the penalty it divided by (|Y| with EOS, if any, as it counts)
+                log_prob = score * length_penalty(float(len(pieces)), engine_alpha, "power")
+                log_prob += eos_log_prob.get((i, n), 0.0)
+                out[i].append(
+                    Hypothesis(tokens, log_prob / length_penalty(len(tokens) + 1.0, alpha, "power"), log_prob)
+                )
         return out
+
+
+def check_options(options: DecodingOptions, nbest: int = 1) -> None:
+    """What :meth:`EngineModel.search` refuses, in one line, before any work (:func:`check_decoding`): GNMT's
+    penalty with α > 0 and sampling. The engine's sampler draws from a generator per worker thread,
+    seeded once when the thread first samples: a sentence's draws depend on its batch, on the worker
+    that decodes it and on what that worker drew before, and a later seed reaches no running worker."""
+    check_decoding(options, nbest, "CTranslate2")
 
 
 def engine_of(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, FieldError, whole
 from aiayn.files import atomic_folder, holds_files
 from aiayn.model import DecodingOptions, TransformerConfig
 
@@ -51,6 +51,25 @@ def length_groups(
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
     for length, group in groupby(order, key=lambda i: len(rows[i])):
         yield min(length + 1 + options.max_len_offset, max_positions - 1), list(group)
+
+
+def check_decoding(options: DecodingOptions, nbest: int, engine: str) -> None:
+    """Refuse, in one line naming the key, the decoding options ``engine`` (CTranslate2, ``generate``)
+    cannot run as our search does: GNMT's length penalty with α > 0 (theirs is ``power``, log P / |Y|^α)
+    and sampling (their draws depend on the batch, and for CTranslate2 on its threads, not only on
+    ``seed`` and the sentence as ours, :mod:`aiayn.model.sampling`); ``nbest`` beyond the beam."""
+    if options.sample:
+        raise ConfigError(
+            "decoding.sample", True, f"is not reproducible through {engine} (its draws depend on the batch, "
+            "not only on seed= and the sentence); sample with backend=aiayn",
+        )  # fmt: skip
+    if options.length_penalty == "gnmt" and options.alpha > 0 and options.beam_size > 1:
+        raise ConfigError(
+            "decoding.length_penalty", "gnmt", f"with decoding.alpha={options.alpha:g} has no {engine} equivalent: "
+            "use decoding.length_penalty=power (log P / |Y|^α, the engine's) or backend=aiayn",
+        )  # fmt: skip
+    if not whole(nbest, 1) or nbest > options.beam_size:
+        raise FieldError("nbest", nbest, f"must be a whole number from 1 to the beam size ({options.beam_size})")
 
 
 def write_companions(folder: Path, tokenizer: Tokenizer, provenance: dict[str, Any]) -> None:

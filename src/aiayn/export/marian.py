@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.export.folder import check_exportable, length_groups, write_companions
+from aiayn.export.folder import check_decoding, check_exportable, length_groups, write_companions
 from aiayn.extras import require
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig
+from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerConfig, length_penalty
 from aiayn.model.positional import sinusoidal_table
 
 
@@ -142,38 +142,70 @@ def to_marian(model: Transformer) -> Any:
     missing, unexpected = hf.load_state_dict(weights, strict=False)
     if unexpected or missing:
         raise RuntimeError(f"MarianMTModel weights do not match: missing {missing}, unexpected {unexpected}")
-    hf.generation_config.num_beams = 4  # §6.1; α = 0.6 in generate's own definition (see generate_ids)
+    hf.generation_config.num_beams = 4  # §6.1, with α = 0.6 in decoding.length_penalty=power (generate_search)
     hf.generation_config.length_penalty = 0.6
+    hf.generation_config.early_stopping = "never"  # a sentence ends when no live beam can win, as in ours
     hf.generation_config.suppress_tokens = [PAD_ID, BOS_ID]  # never generated, as in our beam search
     hf.generation_config.max_length = model.cfg.max_positions
     return hf.eval()
 
 
 @torch.no_grad()
-def generate_ids(hf: Any, rows: list[list[int]], options: DecodingOptions, tokenizer: Tokenizer) -> list[list[int]]:
-    """``generate``'s best hypothesis of each source (ids without EOS), without EOS, with our options.
+def generate_search(
+    hf: Any, rows: list[list[int]], options: DecodingOptions, tokenizer: Tokenizer, nbest: int = 1
+) -> list[list[Hypothesis]]:
+    """``generate``'s ``nbest`` best hypotheses of each source (ids without EOS), best first, with our
+    options, as :func:`aiayn.model.nbest_search` gives them (tokens without BOS and EOS, score, log P).
+
+    Mapped: ``beam_size`` → ``num_beams``; ``nbest`` → ``num_return_sequences``; ``alpha`` under
+    ``power`` → ``length_penalty``: generate's score is log P / |Y|^α with |Y| the tokens generated after
+    the decoder start token (BOS), EOS included, which is ours; ``early_stopping="never"``: a sentence ends
+    when no live beam can still win, at most ``max_length`` long, which is ours (generate's default
+    stops sooner by a guess); ``min_len`` → ``min_new_tokens``; ``no_repeat_ngram`` →
+    ``no_repeat_ngram_size``. Like ours, generate bans tokens after the log-softmax. Refused
+    (:func:`~aiayn.export.folder.check_decoding`): GNMT's penalty with α > 0, and sampling.
 
     ``generate`` takes one length limit per call, so sources go in groups of one length, each allowed
     (source tokens + EOS) + ``max_len_offset`` tokens before the EOS that ``forced_eos_token_id`` puts at
-    the limit, as our beam search does. Its length penalty is ``log P / |Y| ** α``, not GNMT's: with
-    α > 0 the two may prefer different finished hypotheses (see docs/decoding.md, "Use the model elsewhere").
+    the limit, as our beam search does (but with probability 1, where ours adds EOS's log-probability).
+    Scores are recomputed by one teacher-forced pass: log P of the tokens and EOS, as ours (where the
+    limit forces EOS, generate's own score leaves its term out), over the penalty (none for one beam).
     """
+    check_decoding(options, nbest, "Hugging Face generate")
     device = next(hf.parameters()).device
-    out: list[list[int]] = [[] for _ in rows]
-    special = {tokenizer.pad_id, tokenizer.eos_id}
+    beam = options.beam_size > 1
+    alpha = options.alpha if beam else 0.0
+    out: list[list[Hypothesis]] = [[] for _ in rows]
     for limit, members in length_groups(rows, options, hf.config.max_position_embeddings):
         src = torch.tensor([rows[i] + [tokenizer.eos_id] for i in members], device=device)
         found = hf.generate(
             input_ids=src,
             num_beams=options.beam_size,
-            **({"length_penalty": options.alpha} if options.beam_size > 1 else {}),
+            num_return_sequences=nbest,
+            **({"length_penalty": alpha, "early_stopping": "never"} if beam else {}),
             max_new_tokens=limit + 1,  # the last one is the forced EOS
             max_length=None,
+            min_new_tokens=min(options.min_len, limit),
+            no_repeat_ngram_size=options.no_repeat_ngram,
             do_sample=False,
         )
-        for i, row in zip(members, found.tolist(), strict=True):
-            out[i] = [token for token in row[1:] if token not in special]
+        generated = found[:, 1:]  # (B * nbest, T): after BOS, padded after EOS
+        lengths = generated.ne(tokenizer.eos_id).cumprod(dim=1).sum(dim=1)  # tokens before EOS
+        # log P(tokens + EOS) by teacher forcing, as ours counts it (generate's forced EOS has probability 1)
+        logits = hf(input_ids=src.repeat_interleave(nbest, dim=0), decoder_input_ids=found[:, :-1]).logits
+        chosen = logits.float().log_softmax(dim=-1).gather(2, generated[:, :, None]).squeeze(2)
+        within = torch.arange(generated.size(1), device=device)[None, :] <= lengths[:, None]  # EOS included
+        log_probs = chosen.masked_fill(~within, 0.0).sum(dim=1)
+        scores = (log_probs / length_penalty(lengths.double() + 1.0, alpha, "power")).tolist()
+        log_probs = log_probs.tolist()
+        for r, (row, length) in enumerate(zip(generated.tolist(), lengths.tolist(), strict=True)):
+            out[members[r // nbest]].append(Hypothesis(row[:length], scores[r], log_probs[r]))
     return out
+
+
+def generate_ids(hf: Any, rows: list[list[int]], options: DecodingOptions, tokenizer: Tokenizer) -> list[list[int]]:
+    """``generate``'s best hypothesis of each source (ids without EOS), without EOS (:func:`generate_search`)."""
+    return [found[0].tokens for found in generate_search(hf, rows, options, tokenizer)]
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
@@ -203,7 +235,8 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
 
 def save_marian(model: Transformer, tokenizer: Tokenizer, folder: Path, provenance: dict[str, Any]) -> None:
     """Write a ``from_pretrained`` folder: config, safetensors weights, generation settings (the
-    paper's beam 4), the tokenizer files and :func:`~aiayn.export.folder.write_companions`'s."""
+    paper's beam 4, α = 0.6 as our ``power`` penalty), the tokenizer files and
+    :func:`~aiayn.export.folder.write_companions`'s."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()

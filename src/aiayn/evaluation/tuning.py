@@ -1,0 +1,218 @@
+"""``aiayn-eval tune=...``: decoding settings chosen on the validation split. Every combination of the
+listed values is translated (once per distinct translation) and scored with sacreBLEU, the length ratio
+and the brevity penalty beside it; the best by sacreBLEU is reported with the overrides that select it.
+The test split is never read: settings chosen on the set a paper reports would flatter it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import sacrebleu
+import torch
+
+from aiayn.errors import ConfigError, FieldError
+from aiayn.evaluation.evaluate import (
+    Texts,
+    checkpoint_paths,
+    evaluation_texts,
+    file_identity,
+    output_digest,
+    output_folder,
+    settings_of,
+    shown_paths,
+    system_identity,
+    system_name,
+    texts_digest,
+)
+from aiayn.evaluation.translator import Translator, load_translation_models
+from aiayn.export.ctranslate2 import EngineModel
+from aiayn.files import atomic_write
+from aiayn.model import DecodingOptions
+from aiayn.scoring import BLEU_SETTINGS
+
+# The decoding settings tune= may vary (decoding=sample, or not, is chosen once for the whole grid).
+TUNABLE = (
+    "beam_size", "alpha", "length_penalty", "max_len_offset", "min_len", "no_repeat_ngram",
+    "temperature", "top_k", "top_p",
+)  # fmt: skip
+TUNE_SPLIT = "val"  # tune= chooses settings on the validation split, never on the test split it reports
+
+
+@dataclass(frozen=True)
+class TuneGrid:
+    """``tune=``: the values of each tuned decoding setting (in :data:`TUNABLE`'s order) and every
+    combination of them, as the decoding options it makes from ``base`` (``decoding=``)."""
+
+    base: DecodingOptions
+    values: dict[str, list[Any]]
+    settings: list[DecodingOptions]
+
+    def changes(self, options: DecodingOptions) -> dict[str, Any]:
+        """The tuned settings of one combination: ``{"alpha": 1.0, "beam_size": 8}``."""
+        return {key: getattr(options, key) for key in self.values}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """A tuning's results: the JSON report (also written to ``report_file``), with its ``grid`` (a row per
+    combination, in order) and the ``best`` row by sacreBLEU."""
+
+    report: dict[str, Any]
+    report_file: Path
+
+
+def tuning_grid(tune: Mapping[str, Any] | None, decoding: DecodingOptions) -> TuneGrid | None:
+    """``tune=`` (a decoding setting → a list of values, or one value; null: ``decoding``'s own) as every
+    combination of its values over ``decoding``, each checked as :class:`DecodingOptions` are; None when
+    nothing is tuned. Checked before any model is loaded: a key that is no decoding setting, an empty
+    list or a value a setting cannot take (``tune.beam_size=[0]``) is a :class:`ConfigError` of its key."""
+    tune = dict(tune or {})
+    for key, value in tune.items():
+        if key not in TUNABLE:
+            allowed = f"is not a decoding setting to tune; those are {', '.join(TUNABLE)}"
+            raise ConfigError(f"tune.{key}", value, allowed)
+    values: dict[str, list[Any]] = {}
+    for key in TUNABLE:
+        value = tune.get(key)
+        if value is None:
+            continue
+        listed = list(value) if isinstance(value, list | tuple) else [value]
+        if not listed or any(isinstance(item, list | tuple | dict) or item is None for item in listed):
+            raise ConfigError(f"tune.{key}", value, "must be a list of values to try ([0.6,1.0]), or null")
+        values[key] = list(dict.fromkeys(listed))  # a value listed twice is tried once
+    if not values:
+        return None
+    settings = []
+    for combination in itertools.product(*values.values()):
+        try:
+            settings.append(replace(decoding, **dict(zip(values, combination, strict=True))))
+        except FieldError as error:
+            key = f"tune.{error.field}" if error.field in values else f"decoding.{error.field}"
+            raise ConfigError(key, error.value, error.allowed) from None
+    return TuneGrid(decoding, values, settings)
+
+
+def same_translations(options: DecodingOptions) -> DecodingOptions:
+    """``options`` with the settings that cannot change the translations' texts at their defaults: two
+    settings equal here translate alike, and :func:`tune` translates only the first. The length penalty
+    does not steer one beam (greedy), nor an α of 0, nor sampling (it only scores the samples); the
+    sampling settings do not steer beam search."""
+    changes: dict[str, Any] = {}
+    if options.sample or options.beam_size == 1 or options.alpha == 0:
+        changes |= {"alpha": 0.0, "length_penalty": "gnmt"}
+    if not options.sample:
+        changes |= {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    return replace(options, **changes)
+
+
+def tune(
+    checkpoint: Path | Sequence[Path],
+    texts: Texts,
+    grid: TuneGrid,
+    device: torch.device,
+    *,
+    backend: str = "auto",
+    compute_type: str = "default",
+    max_tokens: int = 8192,
+    seed: int = 0,
+    output_dir: Path | None = None,
+) -> Tuning:
+    """Scores every setting of ``grid`` (:func:`tuning_grid`) on the validation split (or the user's own
+    ``source`` and ``reference``, a development set: never another split, the test split least of all)
+    with the model of ``checkpoint`` (or an ensemble), decoded as :func:`evaluate` decodes; writes
+    ``<stem>.tune.json`` (each setting's sacreBLEU, length ratio and brevity penalty, and the best by
+    sacreBLEU: the first of equal ones) to ``output_dir`` (:func:`output_folder`). Each setting that
+    translates differently (:func:`same_translations`) is translated once."""
+    if not (texts.source or texts.reference) and texts.split != TUNE_SPLIT:
+        raise ConfigError("split", texts.split, f"is not the validation split; tune= chooses decoding settings on "
+                          f"split={TUNE_SPLIT} (or your own source= and reference=), never on the split it is "
+                          "reported on")  # fmt: skip
+    paths = checkpoint_paths(checkpoint)
+    model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
+    name, source, reference = evaluation_texts(texts, run_config, paths[0])
+    settings = settings_of(Translator(model, tokenizer, grid.base, max_tokens, seed=seed), device)  # decoding=
+    digest = texts_digest(source, reference)
+    identity = {"checkpoint": system_identity(paths), "texts": digest, "settings": settings, "tune": grid.values}
+    folder = output_folder(paths[0], output_dir)
+    engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
+    stem = f"{system_name(paths)}{engine}.{name}.{output_digest(identity)}"
+
+    bleu = sacrebleu.BLEU(**BLEU_SETTINGS)
+    rows: list[dict[str, Any]] = []
+    translated: dict[DecodingOptions, int] = {}  # same_translations(options) -> the row that translated it
+    start = time.perf_counter()
+    for index, options in enumerate(grid.settings):
+        key = same_translations(options)
+        row = {"decoding": grid.changes(options), "same_as": translated.get(key)}
+        if row["same_as"] is None:
+            began = time.perf_counter()
+            hypotheses = Translator(model, tokenizer, options, max_tokens, seed=seed).translate(source)
+            score = bleu.corpus_score(hypotheses, [reference])
+            row |= {
+                "sacrebleu": score.score,
+                "length_ratio": score.sys_len / score.ref_len if score.ref_len else None,
+                "brevity_penalty": score.bp,
+                "sys_len": score.sys_len,
+                "ref_len": score.ref_len,
+                "seconds": time.perf_counter() - began,
+            }
+            translated[key] = index
+        else:
+            same = rows[row["same_as"]]
+            row |= {key: same[key] for key in ("sacrebleu", "length_ratio", "brevity_penalty", "sys_len", "ref_len")}
+            row["seconds"] = 0.0
+        rows.append(row)
+    best = max(range(len(rows)), key=lambda i: rows[i]["sacrebleu"])  # the first of equal scores
+    chosen = grid.settings[best]
+    report = {
+        "checkpoint": shown_paths(paths),
+        "system": system_name(paths),
+        "members": [file_identity(path) for path in paths],
+        "evaluated": name,
+        "texts_sha256": digest,
+        "sentences": len(source),
+        "settings": settings,  # its decoding is decoding=, which each row changes
+        "tuned": grid.values,
+        "sacrebleu_signature": str(bleu.get_signature()),
+        "grid": rows,
+        "best": {
+            "index": best,
+            **rows[best],
+            "decoding": chosen.to_dict(),
+            "overrides": " ".join(f"decoding.{key}={value}" for key, value in grid.changes(chosen).items()),
+        },
+        "seconds": time.perf_counter() - start,
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    report_file = folder / f"{stem}.tune.json"
+    atomic_write(report_file, json.dumps(report, indent=2) + "\n")
+    return Tuning(report, report_file)
+
+
+def tune_lines(tuning: Tuning) -> list[str]:
+    """What ``aiayn-eval tune=...`` prints: a row per setting (sacreBLEU, length ratio sys/ref, brevity
+    penalty; a setting that translates as an earlier one says which), the best and where the report is."""
+    report = tuning.report
+    rows = report["grid"]
+    named = [" ".join(f"{key}={value}" for key, value in row["decoding"].items()) for row in rows]
+    width = max(len("setting"), *(len(name) for name in named))
+    lines = [
+        f"tune: {len(rows)} settings on {report['evaluated']} ({report['sentences']} sentences), "
+        f"{sum(row['same_as'] is None for row in rows)} translated; {report['sacrebleu_signature']}",
+        f"{'setting':<{width}}  sacreBLEU  ratio   BP",
+    ]
+    for index, (name, row) in enumerate(zip(named, rows, strict=True)):
+        ratio = f"{row['length_ratio']:.3f}" if row["length_ratio"] is not None else "  -  "
+        same = f"  (translates as {named[row['same_as']]})" if row["same_as"] is not None else ""
+        best = "  *" if index == report["best"]["index"] else ""
+        lines.append(f"{name:<{width}}  {row['sacrebleu']:9.2f}  {ratio}  {row['brevity_penalty']:.3f}{best}{same}")
+    chosen = report["best"]
+    lines.append(f"best: {named[chosen['index']]}  sacreBLEU {chosen['sacrebleu']:.2f}  ({chosen['overrides']})")
+    lines.append(f"{report['seconds']:.1f} s; report: {tuning.report_file}")
+    return lines
