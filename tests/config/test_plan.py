@@ -13,6 +13,7 @@ import torch
 from aiayn.config.compose import compose_run_config
 from aiayn.config.plan import plan_run
 from aiayn.errors import FieldError
+from aiayn.model import DecodingOptions
 from aiayn.training.schedule import OptimSettings
 
 
@@ -33,7 +34,7 @@ def test_the_module_is_built_from_the_plans_own_settings(tmp_path: Path) -> None
     hyper = torch.load(buffer, weights_only=True)["hyper_parameters"]
     assert hyper["model"] == plan.module.model.to_dict() and hyper["model"]["vocab_size"] == 1000
     assert (hyper["warmup"], hyper["betas"], hyper["label_smoothing"]) == (7, [0.8, 0.9], 0.1)
-    assert hyper["decoding"] == {"beam_size": 1, "alpha": 0.0, "max_len_offset": 50}
+    assert hyper["decoding"] == DecodingOptions(beam_size=1, alpha=0.0, max_len_offset=50).to_dict()
     assert (hyper["bos_id"], hyper["eos_id"], hyper["compile"]) == (2, 3, False)
 
 

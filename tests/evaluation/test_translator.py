@@ -60,7 +60,7 @@ def test_batches_of_any_size_give_the_same_translations_in_input_order(tokenizer
     assert one_batch[3] == one_batch[17] == ""  # empty in, empty out
     assert sum(bool(text) for text in one_batch) == 23
     streamed = random_translator(tokenizer, max_len_offset=4).translate_blocks(iter(lines), block=7)
-    assert [text for block in streamed for text in block] == one_batch
+    assert [found[0].text if found else "" for block in streamed for found in block] == one_batch
 
 
 def test_bad_options_and_overlong_lines_are_refused(tokenizer: Tokenizer) -> None:

@@ -14,6 +14,7 @@ import torch
 from aiayn.cli import evaluate as evaluate_cli
 from aiayn.cli import translate as translate_cli
 from aiayn.data.corpus import read_lines
+from aiayn.model import PAPER_DECODING
 from aiayn.training.schedule import NoamSchedule
 from helpers.bleu import assert_reported_bleu
 from helpers.runs import exit_status
@@ -63,7 +64,7 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     assert {p.name for p in (run_dir / "checkpoints").iterdir()} == {"best.ckpt", "last.ckpt", "averaged.ckpt", *steps}
     assert results["averaged_checkpoints"] == steps
     assert_reported_bleu(run_dir, results, read_lines(multi30k_root / "test_2016_flickr.de.gz")[:100])
-    assert results["decoding"] == {"beam_size": 4, "alpha": 0.6, "max_len_offset": 50}
+    assert results["decoding"] == PAPER_DECODING.to_dict()  # beam 4, α 0.6, source length + 50
     for name in ("test.hyp.txt", "test.averaged.hyp.txt"):
         assert len((run_dir / name).read_text().splitlines()) == 100
     averaged = load(run_dir / "checkpoints" / "averaged.ckpt")["state_dict"]
