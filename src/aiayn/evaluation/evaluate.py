@@ -20,7 +20,7 @@ import torch
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
 from aiayn.errors import CheckpointError, ConfigError, show, whole
-from aiayn.evaluation.translator import Translator, load_translation_models, nbest_jsonl
+from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
 from aiayn.model import DecodingOptions
@@ -309,21 +309,6 @@ def second_system(
         differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
         raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
     return second
-
-
-def direction(run_config: dict[str, Any], checkpoint: Path) -> tuple[str, str] | None:
-    """(source language, target language) of a checkpoint's run, when its config says; a stored
-    language that is not a string is a :class:`CheckpointError` naming it."""
-    data = run_config.get("data") if isinstance(run_config, dict) else None
-    if not isinstance(data, dict) or data.get("src_lang") is None or data.get("tgt_lang") is None:
-        return None
-    for key in ("src_lang", "tgt_lang"):
-        if not isinstance(data[key], str) or not data[key].strip():
-            raise CheckpointError(
-                f"checkpoint {checkpoint}: its stored data.{key}={show(data[key])} is not a language code; "
-                "a checkpoint aiayn-train wrote holds one (en, de, ...)"
-            )
-    return data["src_lang"], data["tgt_lang"]
 
 
 def texts_digest(source: Sequence[str], reference: Sequence[str]) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import CheckpointError, ConfigError, show, whole
 from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
 from aiayn.model import PAPER_DECODING, DecodingOptions, Hypothesis, Transformer, search
 from aiayn.training.checkpoints import load_model
@@ -228,20 +228,28 @@ def load_translation_models(
         elif tokenizer.to_bytes() != first_tokenizer.to_bytes():
             raise ConfigError("checkpoint", str(path), f"has another tokenizer than {paths[0]}; an ensemble's "
                               "members share one (the same corpus and vocabulary)")  # fmt: skip
-        elif (this := direction_of(run_config)) != (first := direction_of(first_config)):
-            allowed = f"translates {this}, {paths[0]} {first}; an ensemble's members translate one direction"
+        elif (this := direction(run_config, path)) != (first := direction(first_config, paths[0])):
+            shown = ["→".join(pair) if pair else None for pair in (this, first)]
+            allowed = f"translates {shown[0]}, {paths[0]} {shown[1]}; an ensemble's members translate one direction"
             raise ConfigError("checkpoint", str(path), allowed)
         models.append(model)
     assert first_tokenizer is not None
     return models, first_tokenizer, first_config
 
 
-def direction_of(run_config: dict[str, Any]) -> str | None:
-    """``<source>→<target>`` as a run config's data section says, or None."""
+def direction(run_config: dict[str, Any], checkpoint: Path) -> tuple[str, str] | None:
+    """(source language, target language) of a checkpoint's run, when its config says; a stored
+    language that is not a string is a :class:`CheckpointError` naming it."""
     data = run_config.get("data") if isinstance(run_config, dict) else None
-    if isinstance(data, dict) and data.get("src_lang") is not None:
-        return f"{data.get('src_lang')}→{data.get('tgt_lang')}"
-    return None
+    if not isinstance(data, dict) or data.get("src_lang") is None or data.get("tgt_lang") is None:
+        return None
+    for key in ("src_lang", "tgt_lang"):
+        if not isinstance(data[key], str) or not data[key].strip():
+            raise CheckpointError(
+                f"checkpoint {checkpoint}: its stored data.{key}={show(data[key])} is not a language code; "
+                "a checkpoint aiayn-train wrote holds one (en, de, ...)"
+            )
+    return data["src_lang"], data["tgt_lang"]
 
 
 def longest_piece(tokenizer: Tokenizer) -> int:
