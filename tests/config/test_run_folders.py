@@ -16,8 +16,10 @@ from pathlib import Path
 import hydra.core.utils
 import pytest
 import yaml
+from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from aiayn.config.compose import compose_config
 from aiayn.config.naming import latest_run, multirun_dir, reserved_folder, sweep_dir
 from aiayn.errors import RunFolderBusy
 from aiayn.experiments.sweeps.file import default_folder
@@ -95,6 +97,21 @@ def test_fresh_run_folders_of_one_second_never_collide(tmp_path: Path) -> None:
         "2026-12-01_10-00-00", "2026-12-01_10-00-00-2", "2026-12-01_10-00-00-3", "2026-12-01_10-00-00-4"
     ]  # fmt: skip
     assert reserved_folder(tmp_path, "2026-12-01_10-00-00").name == "2026-12-01_10-00-00-5"
+
+
+def test_composing_after_a_job_in_this_process_reserves_no_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job leaves Hydra's state in its process (a notebook, aiayn-table3 after a run); composing again
+    merges configs, which resolves ``hydra.run.dir`` against that state: it must not reserve a folder."""
+    monkeypatch.chdir(tmp_path)
+    HydraConfig.instance().set_config(compose_config("train", ["model=tiny"]))  # as a finished job leaves it
+    try:
+        summary = compose_config("summary", ["experiment=table3/A1"])
+        assert HydraConfig.instance().cfg is not None  # the caller's state is put back
+    finally:
+        HydraConfig.instance().cfg = None
+    assert summary.model.n_heads == 1 and list(tmp_path.iterdir()) == []
 
 
 def test_resume_true_skips_runs_that_a_living_process_writes(tmp_path: Path) -> None:

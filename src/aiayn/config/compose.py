@@ -23,23 +23,34 @@ def config_dir() -> str:
 
 def compose_config(config_name: str = "train", overrides: Sequence[str] = ()) -> DictConfig:
     """Compose a config of conf/ as the console scripts do (Hydra's compose API), the ``hydra`` node
-    included. Hydra raises for unknown keys, groups and options."""
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    included. Hydra raises for unknown keys, groups and options.
+
+    Composed as in a fresh process: composing merges configs, and a merge resolves the ``hydra`` node's
+    interpolations when a job that ran earlier in this process (a notebook, a test) left Hydra's state
+    set; ``hydra.run.dir``'s resolver would then reserve a run folder. That state is put back after."""
+    hydra_state = HydraConfig.instance()
+    earlier, hydra_state.cfg = hydra_state.cfg, None
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    finally:
+        hydra_state.cfg = earlier
 
 
 def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The training config as ``aiayn-train``'s job sees it, resolved: ``${hydra:...}`` interpolations
-    are filled in from Hydra's runtime state, which is then cleared again, and the ``hydra`` node is
-    removed."""
+    are filled in from this composition's Hydra state, and the caller's state is put back; the ``hydra``
+    node is removed."""
     cfg = compose_config("train", overrides)
-    HydraConfig.instance().set_config(cfg)
+    hydra_state = HydraConfig.instance()
+    earlier = hydra_state.cfg
+    hydra_state.set_config(cfg)
     try:
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
     finally:
-        HydraConfig.instance().cfg = None
+        hydra_state.cfg = earlier
     return cfg
 
 
