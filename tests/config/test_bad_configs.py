@@ -30,6 +30,7 @@ BAD_CONFIGS = [
     (["model.positional=rope", "model.d_k=63"], "model.d_k", "63"),
     (["model.dropout=1.0"], "model.dropout", "1.0"),
     (["model.attn_dropout=-0.1"], "model.attn_dropout", "-0.1"),
+    (["model.activation_dropout=1"], "model.activation_dropout", "1"),
     (["model.positional=alibi"], "model.positional", "alibi"),
     (["+model.heads=4"], "model.heads", "4"),
     (["data.max_tokens=100"], "data.max_tokens", "100"),  # data.max_len is 256

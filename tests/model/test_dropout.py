@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from aiayn.model.dropout import Dropout, quantized_rate
+from aiayn.model.layers import FeedForward
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
@@ -57,3 +58,19 @@ def test_rate_is_quantized_to_two_to_the_minus_16_and_never_reaches_one() -> Non
     assert quantized_rate(1 - 1e-9) < 1.0
     with pytest.raises(ValueError, match=r"\[0, 1\)"):
         Dropout(1.0)
+
+
+def test_activation_dropout_drops_hidden_units_of_the_feed_forward_only_while_training() -> None:
+    torch.manual_seed(0)
+    ffn = FeedForward(d_model=8, d_ff=4096, activation_dropout=0.25)
+    with torch.no_grad():  # every hidden unit 1.0 after the ReLU; W2 sums them
+        ffn.w1.weight.zero_(), ffn.w1.bias.fill_(1.0), ffn.w2.weight.fill_(1.0), ffn.w2.bias.zero_()
+    seen: list[torch.Tensor] = []
+    ffn.w2.register_forward_pre_hook(lambda _module, args: seen.append(args[0]))
+    out = ffn(torch.randn(16, 8))
+    hidden = seen[-1]
+    assert (hidden == 0).float().mean().item() == pytest.approx(0.25, abs=0.01)
+    assert hidden.unique().tolist() == [0.0, pytest.approx(1 / (1 - quantized_rate(0.25)))]
+    assert out.mean().item() == pytest.approx(4096, rel=0.01)  # the expected sum is kept
+    ffn.eval()
+    assert torch.equal(ffn(torch.randn(2, 8)), torch.full((2, 8), 4096.0))

@@ -52,6 +52,8 @@ def test_embeddings_are_scaled_by_sqrt_d_model_and_summed_with_the_sinusoids() -
 def test_dropout_sits_on_sublayer_outputs_and_embedding_sums_only() -> None:
     m = model(dropout=0.3)
     rates = {name: module.p for name, module in m.named_modules() if isinstance(module, Dropout)}
+    inside_ffn = {name: rates.pop(name) for name in list(rates) if name.endswith("ffn.activation_dropout")}
+    assert len(inside_ffn) == 2 + 2 and set(inside_ffn.values()) == {0.0}  # not the paper's: off by default
     assert set(rates.values()) == {0.3}
     assert "embed_dropout" in rates
     # two sub-layers per encoder layer, three per decoder layer (§5.4 residual dropout)

@@ -62,7 +62,7 @@ def marian_config(cfg: TransformerConfig) -> Any:
         tie_word_embeddings=True,
         dropout=cfg.dropout,
         attention_dropout=cfg.attn_dropout,
-        activation_dropout=0.0,
+        activation_dropout=cfg.activation_dropout,
         pad_token_id=PAD_ID,
         eos_token_id=EOS_ID,
         bos_token_id=BOS_ID,

@@ -28,6 +28,7 @@ class TransformerConfig:
     d_v: int = 64
     dropout: float = 0.1
     attn_dropout: float = 0.0
+    activation_dropout: float = 0.0
     positional: str = "sinusoidal"
     norm_first: bool = False
     share_embeddings: bool = True
@@ -41,7 +42,7 @@ class TransformerConfig:
                 raise FieldError(key, value, "must be a positive whole number")
         if not whole(self.pad_id, 0) or self.pad_id >= self.vocab_size:
             raise FieldError("pad_id", self.pad_id, f"must be a token id in [0, vocab_size={self.vocab_size})")
-        for key in ("dropout", "attn_dropout"):
+        for key in ("dropout", "attn_dropout", "activation_dropout"):
             value = getattr(self, key)
             if not is_number(value) or not 0.0 <= value < 1.0:
                 raise FieldError(key, value, "must be a probability in [0, 1)")

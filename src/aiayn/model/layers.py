@@ -14,15 +14,17 @@ from aiayn.model.positional import RotaryEmbedding
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3)."""
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3), with optional dropout on the hidden ReLU activations
+    (``activation_dropout``, fairseq's name; not in the paper, whose dropout acts on sub-layer outputs)."""
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float = 0.0) -> None:
         super().__init__()
         self.w1 = nn.Linear(d_model, d_ff)
         self.w2 = nn.Linear(d_ff, d_model)
+        self.activation_dropout = Dropout(activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(torch.relu(self.w1(x)))
+        return self.w2(self.activation_dropout(torch.relu(self.w1(x))))
 
 
 class SublayerConnection(nn.Module):
@@ -60,7 +62,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, rotary: RotaryEmbedding | None) -> None:
         super().__init__()
         self.self_attn = _attention(cfg, True, rotary)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
@@ -76,7 +78,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention(cfg, True, rotary)
         self.cross_attn = _attention(cfg, False, None)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.self_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.cross_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
