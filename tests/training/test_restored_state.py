@@ -352,6 +352,7 @@ def test_every_setting_a_resume_reports_as_applied_is_in_force(
         "optim.eps": group["eps"] == 1e-6,
         "optim.label_smoothing": hyper["label_smoothing"] == 0.2,
         "decoding.beam_size": results["decoding"]["beam_size"] == 2,
+        "val_decoding.beam_size": results["val_decoding"]["beam_size"] == 2,  # val_decoding=same follows it
         "max_nonfinite_steps": last["aiayn"]["config"]["max_nonfinite_steps"] == 3,
         "checkpoint.evaluate": evaluated == ("final", "checkpoints/last.ckpt"),
     }

@@ -76,12 +76,27 @@ def transformer_config(cfg: DictConfig) -> TransformerConfig:
         return TransformerConfig(**settings)
 
 
-def decoding_options(decoding: DictConfig | Mapping[str, Any]) -> DecodingOptions:
-    """The ``decoding`` section as :class:`~aiayn.model.DecodingOptions`, checked (``decoding.<field>=...``)."""
+def decoding_options(decoding: DictConfig | Mapping[str, Any], section: str = "decoding") -> DecodingOptions:
+    """The ``decoding`` section (or another of its shape) as :class:`~aiayn.model.DecodingOptions`,
+    checked (``<section>.<field>=...``)."""
     settings = OmegaConf.to_container(decoding, resolve=True) if isinstance(decoding, DictConfig) else dict(decoding)
-    check_known("decoding", settings, *parameters(DecodingOptions))
-    with config_keys("decoding"):
+    check_known(section, settings, *parameters(DecodingOptions))
+    with config_keys(section):
         return DecodingOptions(**settings)
+
+
+def validation_decoding(decoding: DictConfig) -> DecodingOptions:
+    """The ``val_decoding`` section: how the validations of a fit translate. They rank checkpoints
+    (``best.ckpt``), so they search: a BLEU of drawn translations would rank them by chance."""
+    options = decoding_options(decoding, "val_decoding")
+    if options.sample:
+        raise ConfigError(
+            "val_decoding.sample",
+            True,
+            "cannot rank checkpoints by chance draws; set val_decoding=greedy or val_decoding=paper "
+            "(val_decoding=same follows decoding, which may sample for the tests)",
+        )
+    return options
 
 
 def optim_settings(optim: DictConfig) -> OptimSettings:

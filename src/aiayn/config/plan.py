@@ -12,47 +12,57 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.config.build import (
+    check_known,
     compile_flag,
     config_keys,
     decoding_options,
     instantiated,
     optim_settings,
+    parameters,
     trainer_options,
     transformer_config,
+    validation_decoding,
 )
 from aiayn.config.naming import RunIdentity, run_identity
 from aiayn.config.preflight import check_resolvable, check_run_config
 from aiayn.config.settings import check_settings
 from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
+from aiayn.errors import ConfigError, whole
 from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.training.callbacks.ema import EmaSettings
 from aiayn.training.callbacks.progress import progress_style
 from aiayn.training.callbacks.samples import ValidationSamples
 from aiayn.training.module import TranslationModule
-from aiayn.training.schedule import OptimSettings
+from aiayn.training.schedule import DECAYING, OptimSettings
 
 
 @dataclass(frozen=True)
 class ModuleSettings:
     """What :class:`~aiayn.training.module.TranslationModule` is made of: the model, the optimisation,
-    the decoding and whether the forward is compiled."""
+    the decoding (the tests', and the validations' while training) and whether the forward is compiled."""
 
     model: TransformerConfig
     optim: OptimSettings
     decoding: DecodingOptions
     compile: bool
+    val_decoding: DecodingOptions
 
     def build(self) -> TranslationModule:
         """The module, its initial weights drawn from the generators as they are seeded now."""
-        return TranslationModule(self.model, BOS_ID, EOS_ID, self.optim, self.decoding, self.compile)
+        return TranslationModule(
+            self.model, BOS_ID, EOS_ID, self.optim, self.decoding, self.compile, val_decoding=self.val_decoding
+        )
 
 
 @dataclass(frozen=True)
 class CheckpointPolicy:
     """The ``checkpoint`` section: the checkpoints kept (the best by ``monitor`` in ``mode``, the newest
     ``keep_last`` step checkpoints), the one evaluated after training (``best`` or ``final``), the
-    newest ``average_last`` averaged for a second test (§6.1), and a validation every ``every_steps``
-    optimizer steps (None: as ``trainer.val_check_interval`` says)."""
+    newest ``average_last`` averaged for a second test (§6.1), a validation every ``every_steps``
+    optimizer steps (None: as ``trainer.val_check_interval`` says), and the step checkpoints every
+    ``average_every`` optimizer steps instead of at validations (None). The other keys are checked
+    before (:func:`~aiayn.config.preflight.check_checkpointing`); ``average_every`` here."""
 
     monitor: str
     mode: str
@@ -60,6 +70,12 @@ class CheckpointPolicy:
     average_last: int
     evaluate: str
     every_steps: int | None
+    average_every: int | None
+
+    def __post_init__(self) -> None:
+        if self.average_every is not None and not whole(self.average_every, 1):
+            allowed = "must be a whole number of optimizer steps >= 1, or null (step checkpoints at validations)"
+            raise ConfigError("checkpoint.average_every", self.average_every, allowed)
 
 
 @dataclass
@@ -70,6 +86,7 @@ class RunPlan:
     module: ModuleSettings
     data: TranslationDataModule  # nothing is read until its prepare_data
     checkpoint: CheckpointPolicy
+    ema: EmaSettings  # an exponential moving average of the weights, or none (decay null or 0)
     trainer: dict[str, Any]  # pl.Trainer's arguments, its strategy and plugins built
     tokens_per_step: int | None  # the effective batch (aiayn.training.batching)
     progress: str  # rich, tqdm or quiet
@@ -94,11 +111,12 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_settings(cfg, "train", overrides)  # a key added with + that nothing reads: +seeds=3, +ckpt_path=...
     module = module_settings(cfg)
     check_run_config(cfg)
+    check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
     data = instantiated(cfg.data)
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
-    trainer = trainer_options(cfg.trainer)
+    trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
     trainer.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer.setdefault("enable_model_summary", progress != "quiet")
     return RunPlan(
@@ -112,7 +130,9 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
             average_last=cfg.checkpoint.average_last,
             evaluate=cfg.checkpoint.evaluate,
             every_steps=cfg.checkpoint.every_steps,
+            average_every=cfg.checkpoint.average_every,
         ),
+        ema=ema_settings(cfg.ema),
         trainer=trainer,
         tokens_per_step=cfg.tokens_per_step,
         progress=progress,
@@ -129,9 +149,29 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     )
 
 
+def check_decay_budget(optim: OptimSettings, trainer: DictConfig) -> None:
+    """A decaying schedule reaches ``optim.min_lr`` when the run ends: a run without a step or time
+    limit has no end for it to reach (epochs alone are not counted in steps before the data is read)."""
+    if optim.schedule in DECAYING and trainer.get("max_steps", -1) in (-1, None) and trainer.get("max_time") is None:
+        raise ConfigError(
+            "optim.schedule", optim.schedule, "decays until the run ends: set trainer.max_steps or trainer.max_time"
+        )
+
+
 def module_settings(cfg: DictConfig) -> ModuleSettings:
     """The module's parts, each checked, in the order a run checks them (also for what builds a module
     without a run: the benchmarks)."""
     model = transformer_config(cfg)
     compile = compile_flag(cfg.model.get("compile", False))
-    return ModuleSettings(model, optim_settings(cfg.optim), decoding_options(cfg.decoding), compile)
+    decoding = decoding_options(cfg.decoding)
+    return ModuleSettings(model, optim_settings(cfg.optim), decoding, compile, validation_decoding(cfg.val_decoding))
+
+
+def ema_settings(ema: Any) -> EmaSettings:
+    """The ``ema`` section as :class:`~aiayn.training.callbacks.ema.EmaSettings`, checked (``ema.<field>=...``)."""
+    if not isinstance(ema, DictConfig):  # ema=0.999 replaces the section with a number
+        raise ConfigError("ema", ema, "is a section: set ema.decay (and ema.start_step)")
+    settings = OmegaConf.to_container(ema, resolve=True)
+    check_known("ema", settings, *parameters(EmaSettings))
+    with config_keys("ema"):
+        return EmaSettings(**settings)

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from aiayn.data.back_translation import TAG, ExtraPairs, TrainingMix, check_mix, check_tag
+from aiayn.data.bpe_dropout import BpeDropout, EpochSegmentation, check_bpe_dropout, check_reload
 from aiayn.data.cache import CacheEntry
 from aiayn.data.corpus import (
     DataError,
@@ -33,6 +34,7 @@ from aiayn.data.encoding import encode_split
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError, is_number, whole
+from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,8 @@ class TranslationDataModule(pl.LightningDataModule):
     device and are shared out over the DDP ranks.
 
     ``extra_train``, ``tag_extra`` and ``upsample_primary`` mix more pairs (back-translations) into the
-    training pairs only: :mod:`aiayn.data.back_translation`.
+    training pairs only: :mod:`aiayn.data.back_translation`. ``bpe_dropout`` > 0 segments the training
+    pairs anew every epoch: :mod:`aiayn.data.bpe_dropout`.
     """
 
     def __init__(
@@ -119,6 +122,7 @@ class TranslationDataModule(pl.LightningDataModule):
         extra_train: Sequence[Sequence[str]] = (),
         tag_extra: bool = False,
         upsample_primary: int = 1,
+        bpe_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         if corpus.src_lang == corpus.tgt_lang:
@@ -135,9 +139,10 @@ class TranslationDataModule(pl.LightningDataModule):
             eval_limit=eval_limit,
         )
         check_mix(extra_train, tag_extra, upsample_primary)
+        check_bpe_dropout(bpe_dropout)
         self.corpus = corpus
         self.extra = ExtraPairs(corpus.src_lang, corpus.tgt_lang, corpus.root, extra_train) if extra_train else None
-        self.tag_extra, self.upsample_primary = tag_extra, upsample_primary
+        self.tag_extra, self.upsample_primary, self.bpe_dropout = tag_extra, upsample_primary, bpe_dropout
         self.cache_dir = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
         self.vocab_size, self.tokenizer_sample, self.encode_workers = vocab_size, tokenizer_sample, encode_workers
         self.max_tokens, self.max_len, self.max_len_ratio = max_tokens, max_len, max_len_ratio
@@ -245,6 +250,8 @@ class TranslationDataModule(pl.LightningDataModule):
             self.datasets[role] = ParallelDataset(src, tgt, indices)
             if role == "train" and self.extra is not None:  # the corpus's pairs, upsampled, and the extra ones
                 self.datasets[role] = self._training_mix(self.datasets[role])
+            if role == "train" and self.bpe_dropout:  # the pairs kept, segmented anew every epoch
+                self.datasets[role] = self._epoch_segmentation(self.datasets[role])
             if role != "train":  # evaluation splits are used whole: check them now, not at the first validation
                 self._report_empty(role)
                 self.check_longest(role, self.eval_max_tokens, "data.eval_max_tokens")
@@ -271,6 +278,14 @@ class TranslationDataModule(pl.LightningDataModule):
         mix = TrainingMix(parts)
         self.filtered |= {f"extra_{key}": value for key, value in counts.items()} | {"epoch_pairs": len(mix)}
         return mix
+
+    def _epoch_segmentation(self, fixed: ParallelDataset | TrainingMix) -> EpochSegmentation:
+        """The training pairs of ``fixed`` segmented anew every epoch (:mod:`aiayn.data.bpe_dropout`), the
+        tag of tagged back-translations kept in front."""
+        assert self.tokenizer is not None
+        keep = (self.tokenizer.sp.piece_to_id(TAG),) if self.tag_extra else ()
+        bpe = BpeDropout(self.tokenizer, self.bpe_dropout, keep)
+        return EpochSegmentation(fixed, bpe, seed=self.seed, max_len=self.max_len)
 
     def _filter_training_pairs(
         self, src: EncodedText, tgt: EncodedText, indices: np.ndarray, where: str
@@ -380,12 +395,31 @@ class TranslationDataModule(pl.LightningDataModule):
         """Training batches this rank has finished in the current epoch, as Lightning counts them."""
         return self.trainer.fit_loop.epoch_loop.batch_progress.current.processed
 
-    def train_dataloader(self) -> DataLoader:
-        sampler = self._sampler("train", self.max_tokens)
+    def trainer_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """``options`` (``pl.Trainer``'s arguments) with what this data needs of the trainer: with
+        ``bpe_dropout``, a new training loader every epoch, made of that epoch's segmentation."""
+        if not self.bpe_dropout:
+            return options
+        if options.get("reload_dataloaders_every_n_epochs") not in (None, 0):  # 0, Lightning's default: unset
+            check_reload(options["reload_dataloaders_every_n_epochs"])
+        return options | {"reload_dataloaders_every_n_epochs": 1}
+
+    def _draw_epoch(self, segmentation: EpochSegmentation, epoch: int) -> None:
+        """Segment the training pairs as ``epoch`` does, in the processes this rank may use."""
+        processes = self.encode_workers or available_cpus()
         if self.trainer is not None:
-            # Lightning starts iterating (and worker processes start drawing batches) before it sets the
-            # epoch; a run resumed at an epoch boundary must not replay epoch 0's order.
-            sampler.set_epoch(self.trainer.fit_loop.epoch_progress.current.processed)
+            check_reload(self.trainer.reload_dataloaders_every_n_epochs)  # one loader would keep one segmentation
+            processes = max(1, processes // self.trainer.num_devices)  # the ranks on this machine draw at once
+        segmentation.draw(epoch, processes)
+
+    def train_dataloader(self) -> DataLoader:
+        # Lightning starts iterating (and worker processes start drawing batches) before it sets the
+        # epoch; a run resumed at an epoch boundary must not replay epoch 0's order.
+        epoch = self.trainer.fit_loop.epoch_progress.current.processed if self.trainer is not None else 0
+        if isinstance(self.datasets["train"], EpochSegmentation):  # batches of this epoch's segmentation
+            self._draw_epoch(self.datasets["train"], epoch)
+        sampler = self._sampler("train", self.max_tokens)
+        sampler.set_epoch(epoch)
         return ResumableDataLoader(
             self.datasets["train"],
             batch_sampler=sampler,

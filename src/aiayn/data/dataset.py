@@ -37,6 +37,15 @@ class EncodedText:
         tokens, offsets = cls.files(stem)
         return cls(np.load(tokens, mmap_mode="r"), np.load(offsets))
 
+    @classmethod
+    def joined(cls, pieces: Sequence[tuple[np.ndarray, np.ndarray]]) -> EncodedText:
+        """Sentences held in memory, from (flat token ids, per-sentence lengths) pieces, at least one, in order."""
+        tokens = np.concatenate([tokens for tokens, _ in pieces])
+        lengths = np.concatenate([lengths for _, lengths in pieces])
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(tokens, offsets)
+
     @staticmethod
     def files(stem: Path) -> tuple[Path, Path]:
         """The token and offset files of the entry ``stem``."""

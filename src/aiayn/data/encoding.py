@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,26 @@ _state: dict[str, object] = {}  # the worker's corpus and tokenizer
 
 def _start_worker(corpus: ParallelCorpus, model_file: Path) -> None:
     _state["corpus"], _state["tokenizer"] = corpus, Tokenizer(model_file)
+
+
+def in_workers(
+    function: Callable[[Any], Any],
+    jobs: Iterable[Any],
+    workers: int,
+    start: Callable[..., None],
+    start_args: tuple[Any, ...],
+) -> Iterator[Any]:
+    """``function`` of each job, in the jobs' order, computed in ``workers`` processes (in this one when 1),
+    each prepared by ``start(*start_args)``."""
+    if workers <= 1:
+        start(*start_args)
+        yield from map(function, jobs)
+        return
+    # fork on Linux, as DataLoader workers: a worker starts at once, and the caller's script is not
+    # imported again (spawn and forkserver re-run an unguarded script in every worker).
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(workers, initializer=start, initargs=start_args) as pool:
+        yield from pool.imap(function, jobs)
 
 
 def flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -87,21 +108,11 @@ def encode_split(
     jobs = ((chunk, np.dtype(dtype).str, source_prefix) for chunk in chunks)
     log.info("encoding %d pairs of %s in %d process(es)", n, corpus.where(split), workers)
     with EncodedTextWriter(stems[0], dtype) as src_out, EncodedTextWriter(stems[1], dtype) as tgt_out:
-
-        def write(chunks: Iterator[tuple[tuple[np.ndarray, np.ndarray], ...]]) -> None:
-            for (src, src_len), (tgt, tgt_len) in chunks:
+        try:
+            for (src, src_len), (tgt, tgt_len) in in_workers(
+                _encode_rows, jobs, workers, _start_worker, (corpus, model_file)
+            ):
                 src_out.append(src, src_len)
                 tgt_out.append(tgt, tgt_len)
-
-        if workers <= 1:
-            _start_worker(corpus, model_file)
-            try:
-                write(map(_encode_rows, jobs))
-            finally:
-                _state.clear()
-            return
-        # fork on Linux, as DataLoader workers: a worker starts at once, and the caller's script is not
-        # imported again (spawn and forkserver re-run an unguarded script in every worker).
-        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-        with context.Pool(workers, initializer=_start_worker, initargs=(corpus, model_file)) as pool:
-            write(pool.imap(_encode_rows, jobs))
+        finally:
+            _state.clear()

@@ -24,9 +24,10 @@ LOCATION_KEYS = ("root", "hub", "cache_dir")
 NAME_KEYS = ("src_lang", "tgt_lang", "val_split", "test_split", "config")
 TEXT_FILE_ROLES = ("train", "val", "test")  # TextDataModule's [source file, target file] pairs
 HYDRA_KEYS = ("_target_", "_recursive_", "_convert_")
-# The extra training pairs (aiayn.data.back_translation): evaluation builds no training set, and a reader's
-# folder need not hold the synthetic files a run trained on.
-TRAINING_ONLY_KEYS = ("extra_train", "tag_extra", "upsample_primary")
+# Settings of the training pairs only, the extra ones (aiayn.data.back_translation) and their segmentation
+# (aiayn.data.bpe_dropout): evaluation builds no training set, and a reader's folder need not hold the
+# synthetic files a run trained on.
+TRAINING_ONLY_KEYS = ("extra_train", "tag_extra", "upsample_primary", "bpe_dropout")
 
 
 def instantiated_from_checkpoint(
@@ -46,7 +47,7 @@ def instantiated_from_checkpoint(
       nested object, nothing imported to find out): a stored ``_target_: os.system`` would run as its
       reader;
     - its stored ``root``, ``hub`` and ``cache_dir`` are never used (nothing is scanned, fetched or
-      downloaded because a stored file names it), nor its extra training pairs (:data:`TRAINING_ONLY_KEYS`),
+      downloaded because a stored file names it), nor its training-only settings (:data:`TRAINING_ONLY_KEYS`),
       and a stored file name must lie inside ``root``;
     - its values are checked; a wrong one is a :class:`CheckpointError` naming the file and the key.
 

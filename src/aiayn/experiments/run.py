@@ -1,7 +1,7 @@
 """One training run, as a recipe: plan it (every setting checked and built once, :mod:`aiayn.config.plan`)
 → the callbacks, loggers, data, module and trainer → continue a checkpoint, or not → fit → validate and
-test the evaluated checkpoint (the best, or the final one), test the average of the newest →
-``results.json``.
+test the evaluated checkpoint (the best, or the final one), test the average of the newest and the EMA
+of the weights → ``results.json``.
 
 The composed config comes from Hydra (``aiayn-train``) or :func:`aiayn.config.compose.compose_run_config`.
 """
@@ -34,6 +34,7 @@ from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
 from aiayn.training.batching import batch_layout, configure_batching
 from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
+from aiayn.training.callbacks.ema import ExponentialMovingAverage, ema_checkpoint
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.namespaces import as_callback
 from aiayn.training.callbacks.preemption import Preemption
@@ -41,7 +42,7 @@ from aiayn.training.callbacks.progress import progress_callbacks
 from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpoints
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoint_io import RunCheckpointIO
-from aiayn.training.checkpoints import average_checkpoints, save_checkpoint, step_checkpoints
+from aiayn.training.checkpoints import average_checkpoints, load_checkpoint, save_checkpoint, step_checkpoints
 from aiayn.training.cluster import cluster_environment
 from aiayn.training.loggers.finish import finish_loggers
 from aiayn.training.module import TranslationModule
@@ -51,7 +52,8 @@ from aiayn.training.restored_state import RestoredState
 @dataclass
 class RunResults:
     """``results.json``: what a finished run reports, each field once. The test fields are absent for a
-    corpus without a test split, the averaged ones when fewer than two checkpoints were averaged."""
+    corpus without a test split, the averaged ones when fewer than two checkpoints were averaged, the EMA's
+    when the run kept none (``ema.decay``)."""
 
     params: int
     val_bleu: float  # val_* and test_* are the evaluated checkpoint's
@@ -59,7 +61,8 @@ class RunResults:
     val_loss: float
     best_val_bleu: float | None  # the best validation BLEU of the run (best.ckpt's), when it monitors val/bleu
     best_score: float | None  # the best value of checkpoint.monitor (best.ckpt's): what Hydra's sweepers optimise
-    decoding: dict[str, Any]
+    decoding: dict[str, Any]  # the tests' and the final validation's (val_* are reported next to test_*)
+    val_decoding: dict[str, Any]  # the validations' while training, which ranked the checkpoints (best_*)
     steps: int
     epochs: int
     train_tokens: int  # real source + target tokens of the whole run, all ranks, resumed parts included
@@ -70,6 +73,7 @@ class RunResults:
     resumed_from: str | None
     test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, test_sentences, sacrebleu_signature
     averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
+    ema: dict[str, Any]  # test_bleu_ema, test_chrf_ema (aiayn.training.callbacks.ema)
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
     data_cache: str  # the data's cache entry: corpus content, direction and vocabulary (what aiayn-report keys by)
@@ -79,10 +83,10 @@ class RunResults:
     overrides: list[str]  # the command line's, which define the run
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields in order, with the test and averaged scores' own keys in place of the two groups."""
+        """The fields in order, with the test, averaged and EMA scores' own keys in place of the groups."""
         flat: dict[str, Any] = {}
         for key, value in asdict(self).items():
-            flat.update(value if key in ("test", "averaged") else {key: value})
+            flat.update(value if key in ("test", "averaged", "ema") else {key: value})
         return flat
 
 
@@ -100,10 +104,12 @@ class RunCallbacks:
     preemption: Preemption
     guard: NonFiniteGuard
     throughput: TokenThroughput
+    ema: ExponentialMovingAverage | None  # ema.decay null or 0: none
     others: list[pl.Callback]
 
     def all(self) -> list[pl.Callback]:
-        return [self.best, self.steps, self.last, self.preemption, self.guard, self.throughput, *self.others]
+        ema = [self.ema] if self.ema is not None else []
+        return [self.best, self.steps, self.last, self.preemption, self.guard, self.throughput, *ema, *self.others]
 
 
 def train(
@@ -172,6 +178,7 @@ def collect_results(
     val = validate_checkpoint(trainer, module, data, evaluated)
     test = test_checkpoint(trainer, module, data, evaluated, run_dir)
     averaged = test_averaged(trainer, module, data, run_dir, plan.checkpoint.average_last)
+    ema = test_ema(trainer, module, data, run_dir, run)
     return RunResults(
         params=count_parameters(module.model),
         val_bleu=val["val/bleu"],
@@ -180,6 +187,7 @@ def collect_results(
         best_val_bleu=best_score(run.best) if run.best.monitor == "val/bleu" else None,
         best_score=best_score(run.best),
         decoding=module.decoding.to_dict(),
+        val_decoding=module.val_decoding.to_dict(),
         steps=trainer.global_step,
         epochs=trainer.current_epoch,
         train_tokens=run.throughput.all_tokens,
@@ -197,6 +205,7 @@ def collect_results(
         overrides=plan.overrides,
         test=test,
         averaged=averaged,
+        ema=ema,
     ).to_dict()
 
 
@@ -227,7 +236,9 @@ def sole_writer(run_dir: Path) -> AbstractContextManager[None]:
 def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
     """The callbacks of a run as its plan sets them, the config's ``callbacks`` entries among the others."""
     policy = plan.checkpoint
-    best, last, steps = validation_checkpoints(run_dir / "checkpoints", policy.monitor, policy.mode, policy.keep_last)
+    best, last, steps = validation_checkpoints(
+        run_dir / "checkpoints", policy.monitor, policy.mode, policy.keep_last, policy.average_every
+    )
     return RunCallbacks(
         best=best,
         last=last,
@@ -235,6 +246,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
         preemption=Preemption(last),
         guard=NonFiniteGuard(plan.max_nonfinite_steps, last.path),
         throughput=TokenThroughput(peak_tflops=plan.peak_tflops),
+        ema=plan.ema.callback(),
         others=[
             FinalStepValidation(),
             SelfContainedCheckpoints(plan.resolved, plan.overrides),
@@ -325,6 +337,24 @@ def test_averaged(
         "test_chrf_averaged": scores["chrf"],
         "averaged_checkpoints": [source.name for source in sources],
     }
+
+
+def test_ema(
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, run_dir: Path, run: RunCallbacks
+) -> dict[str, Any]:
+    """Test scores of the EMA of the weights, written as ``checkpoints/ema.ckpt`` from the final checkpoint
+    (``last.ckpt``, which holds the EMA of its step); none when the run keeps no EMA. Written without a
+    test split too: a checkpoint like any other, for aiayn-eval, aiayn-translate and aiayn-export."""
+    if run.ema is None:
+        return {}
+    path = run_dir / "checkpoints" / "ema.ckpt"
+    if trainer.is_global_zero:  # mapped, not read: only the weights and the EMA are copied
+        save_checkpoint(ema_checkpoint(load_checkpoint(run.last.path, mmap=True), run.ema.state_key), path)
+    trainer.strategy.barrier("EMA checkpoint written")
+    if "test" not in datamodule.roles:
+        return {}
+    _, scores = test_and_score(trainer, module, datamodule, path, run_dir / "test.ema.hyp.txt")
+    return {"test_bleu_ema": scores["sacrebleu"], "test_chrf_ema": scores["chrf"]}
 
 
 def test_and_score(

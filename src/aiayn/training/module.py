@@ -7,6 +7,8 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.trainer.states import TrainerFn
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
@@ -14,7 +16,15 @@ from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, Transforme
 from aiayn.scoring import BLEU_SETTINGS
 from aiayn.training.distributed import gathered_from_ranks
 from aiayn.training.loss import label_smoothed_cross_entropy
-from aiayn.training.schedule import PAPER_OPTIM, NoamSchedule, OptimSettings
+from aiayn.training.schedule import (
+    PAPER_OPTIM,
+    Budget,
+    OptimSettings,
+    Schedule,
+    WarmupDecaySchedule,
+    lr_schedule,
+    parameter_groups,
+)
 
 # What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
 # its perplexity (Table 3) and sacreBLEU.
@@ -23,9 +33,11 @@ from aiayn.training.schedule import PAPER_OPTIM, NoamSchedule, OptimSettings
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
 
-    The model is the one ``model`` describes. The optimizer is Adam with ``optim``'s β1, β2, ε (§5.3);
-    its learning rate follows :class:`~aiayn.training.schedule.NoamSchedule`, stepped once per optimizer
-    step. Validation and test translate by beam search with ``decoding`` (§6.1). ``compile`` runs the
+    The model is the one ``model`` describes. The optimizer is Adam with ``optim``'s β1, β2, ε (§5.3),
+    AdamW with ``optim.weight_decay`` > 0; its learning rate follows ``optim.schedule``
+    (:func:`~aiayn.training.schedule.lr_schedule`, eq. 3 by default), stepped once per optimizer step.
+    The tests translate by beam search with ``decoding`` (§6.1), and so do the validations, unless
+    ``val_decoding`` gives those of a fit their own (:meth:`evaluation_decoding`). ``compile`` runs the
     model's forward through ``torch.compile`` (beam search calls it eagerly). Each settings object is
     checked where it is made; the checkpoint's hyperparameters hold them as plain data, so that they
     load with ``weights_only=True``.
@@ -39,9 +51,12 @@ class TranslationModule(pl.LightningModule):
         optim: OptimSettings = PAPER_OPTIM,
         decoding: DecodingOptions = PAPER_DECODING,
         compile: bool = False,
+        val_decoding: DecodingOptions | None = None,
     ) -> None:
         super().__init__()
         self.optim, self.decoding = optim, decoding
+        # The hyperparameters keep ``decoding`` alone: the checkpoint's decoding is the tests'.
+        self.val_decoding = val_decoding or decoding
         # The loggers get the whole composed config from the run (aiayn.training.loggers), not these.
         hyperparameters = {"model": model.to_dict(), "bos_id": bos_id, "eos_id": eos_id, **optim.to_dict()}
         self.save_hyperparameters({**hyperparameters, "decoding": decoding.to_dict(), "compile": compile}, logger=False)
@@ -102,11 +117,19 @@ class TranslationModule(pl.LightningModule):
         smoothed, _ = self.loss(logits, batch["tgt_out"], self.optim.label_smoothing)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
-        hypotheses = translate_ids(self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, self.decoding)
+        options = self.evaluation_decoding(stage)
+        hypotheses = translate_ids(self.model, batch["src"], self.hparams.bos_id, self.hparams.eos_id, options)
         text = self.detokenizer()(hypotheses)
         self.bleu[stage].update(text, [[ref] for ref in batch["references"]])
         if stage == "test":
             self.test_hypotheses.update(zip(batch["index"].tolist(), text, strict=True))
+
+    def evaluation_decoding(self, stage: str) -> DecodingOptions:
+        """How ``stage`` translates: the validations of a fit only rank checkpoints (``val_decoding``, e.g.
+        greedy and cheaper); a validation of a chosen checkpoint after training is reported next to its
+        test and decodes as the test does (``decoding``)."""
+        fitting = self._trainer is not None and self.trainer.state.fn == TrainerFn.FITTING
+        return self.val_decoding if stage == "val" and fitting else self.decoding
 
     def _log_evaluation(self, stage: str) -> None:
         """Logs ``<stage>/<name>`` for each of :data:`~aiayn.training.metrics.EVALUATION_METRICS`."""
@@ -145,16 +168,22 @@ class TranslationModule(pl.LightningModule):
     # -- optimisation -----------------------------------------------------------------------------
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A resumed run trains with this run's ``optim.*`` settings, not the checkpoint's: Lightning
-        restores Adam's betas and eps and the schedule object (warmup, scale) from the checkpoint after
-        this hook, so they are replaced in it first, the learning rate of the step it resumes at included.
-        Adam's moment estimates are kept: they are the training state, the settings are the user's."""
+        restores Adam's betas, eps and weight decay and the schedule object (warmup, scale, peak ...)
+        from the checkpoint after this hook, so they are replaced in it first, the learning rate of the
+        step it resumes at included. Adam's moment estimates and the decay a decaying schedule placed
+        are kept: they are the training state, the settings are the user's."""
         schedule = self.schedule()
+        decays = [group["weight_decay"] for group in self._parameter_groups()]
         for state in checkpoint.get("lr_schedulers", []):
+            if isinstance(schedule, WarmupDecaySchedule):
+                for stored in state.get("lr_lambdas", []):  # one schedule object, saved once per group
+                    schedule.continue_from(stored)
             state["lr_lambdas"] = [dict(vars(schedule)) for _ in state.get("lr_lambdas", [])]
             state["_last_lr"] = [base * schedule(state.get("last_epoch", 0)) for base in state.get("base_lrs", [])]
             for optimizer in checkpoint.get("optimizer_states", []):
-                for group, lr in zip(optimizer.get("param_groups", []), state["_last_lr"], strict=False):
-                    group.update(betas=self.optim.betas, eps=self.optim.eps, lr=lr)
+                groups = zip(optimizer.get("param_groups", []), state["_last_lr"], decays, strict=False)
+                for group, lr, decay in groups:
+                    group.update(betas=self.optim.betas, eps=self.optim.eps, lr=lr, weight_decay=decay)
 
     def _fused_adam(self) -> bool:
         """Whether Adam may use its fused kernel, one pass over all tensors (CPU and CUDA) instead of
@@ -169,14 +198,50 @@ class TranslationModule(pl.LightningModule):
         )
         return devices <= {"cpu", "cuda"} and not scaled
 
-    def schedule(self) -> NoamSchedule:
-        """This run's learning rate by step (eq. 3, §5.3)."""
-        return NoamSchedule(self.model.cfg.d_model, self.optim.warmup, self.optim.lr_scale)
+    def schedule(self) -> Schedule:
+        """This run's learning rate by step (``optim.schedule``; eq. 3 by default, §5.3)."""
+        return lr_schedule(self.optim, self.model.cfg.d_model)
+
+    def _parameter_groups(self) -> list[dict[str, Any]]:
+        """Adam's one group (the paper's), or AdamW's decayed and undecayed groups with ``optim.weight_decay``."""
+        if self.optim.weight_decay == 0:
+            return [{"params": list(self.parameters()), "weight_decay": 0}]
+        return parameter_groups(self, self.optim.weight_decay)
+
+    def _budget(self) -> Budget:
+        """The run's limits and, under ``trainer.max_time``, the time trained so far by the clock of
+        Lightning's ``Timer``, the callback that ends the run at that time (its clock continues across
+        resumes; a test may bring a Timer of its own)."""
+        trainer = self.trainer
+        max_steps = trainer.max_steps if trainer.max_steps > 0 else None
+        timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+        remaining = timer.time_remaining() if timer is not None else None
+        if timer is None or remaining is None:
+            return Budget(max_steps)
+        elapsed = timer.time_elapsed()
+        return Budget(max_steps, elapsed, elapsed + remaining)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Steps the schedule after each optimizer step; a decaying one first fixes its decay in steps
+        when the decay phase begins (:meth:`~aiayn.training.schedule.WarmupDecaySchedule.place_decay`).
+        Every DDP rank places the same decay: under a time limit rank 0's clock decides, as it decides
+        when Lightning's ``Timer`` stops the run; steps are the same on every rank."""
+        schedule, done = scheduler.lr_lambdas[0], scheduler.last_epoch + 1  # the steps done, as the schedule counts
+        if isinstance(schedule, WarmupDecaySchedule) and schedule.decay_start is None:
+            budget = self._budget()
+            end = budget.end(done) if schedule.decay_due(done, budget) else None
+            if budget.seconds is not None:
+                end = self.trainer.strategy.broadcast(end)
+            if end is not None:
+                schedule.place_decay(done, end)
+        scheduler.step()
 
     def configure_optimizers(self) -> dict[str, Any]:
-        # lr=1.0: the schedule's value is the learning rate itself (eq. 3).
-        optimizer = torch.optim.Adam(
-            self.parameters(), lr=1.0, betas=self.optim.betas, eps=self.optim.eps, fused=self._fused_adam()
+        # lr=1.0: the schedule's value is the learning rate itself (eq. 3). AdamW decays each weight by
+        # lr * weight_decay * weight per step, apart from the gradient's update (decoupled weight decay).
+        adam = torch.optim.Adam if self.optim.weight_decay == 0 else torch.optim.AdamW
+        optimizer = adam(
+            self._parameter_groups(), lr=1.0, betas=self.optim.betas, eps=self.optim.eps, fused=self._fused_adam()
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, self.schedule())
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -37,10 +37,12 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, is_number, whole
 from aiayn.files import same_file
+from aiayn.training.callbacks.ema import ExponentialMovingAverage
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.run_state import RandomState
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoints import RUN_KEY, directly_inside, remove_plain_file
+from aiayn.training.schedule import SCHEDULE_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ TOP_LEVEL = (
 TRACKER_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
 TRACKER_KEYS = ("monitor", "best_model_score", "current_score", "dirpath", "best_k_models", "kth_value", *TRACKER_PATHS)
 # Adam's switches that change the update rule: a checkpoint must hold aiayn's values (it writes no others).
+# AdamW's weight_decay (decoupled_weight_decay) is a setting instead, optim.weight_decay: this run's.
 ADAM_RULE = ("weight_decay", "amsgrad", "maximize", "decoupled_weight_decay")
 SCALER_KEYS = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
 
@@ -132,12 +135,21 @@ class RestoredState:
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
         for i, state in enumerate(states):
             state = field.mapping(f"optimizer_states[{i}]", state, keys=("state", "param_groups"))
-            groups = field.sequence(f"optimizer_states[{i}].param_groups", state["param_groups"], len(expected))
+            groups = field.sequence(f"optimizer_states[{i}].param_groups", state["param_groups"])
+            if {len(groups), len(expected)} == {1, 2}:  # Adam's one group against AdamW's two
+                raise CheckpointError(
+                    f"checkpoint {field.path}: its optimizer has {len(groups)} parameter group(s), this run's "
+                    f"{len(expected)}: optim.weight_decay > 0 trains decayed and undecayed parameters apart, 0 "
+                    "all together; resume with the optim.weight_decay of the run that wrote it (0 or not)"
+                )
+            field.sequence(f"optimizer_states[{i}].param_groups", groups, len(expected))
             for j, (group, own) in enumerate(zip(groups, expected, strict=True)):
                 name = f"optimizer_states[{i}].param_groups[{j}]"
                 group = _with_defaults(field, name, group, own, essential=("params", "lr", "betas", "eps"))
                 for key in ADAM_RULE:
-                    if type(group[key]) is not type(own[key]) or group[key] != own[key]:
+                    if key == "weight_decay" and own["decoupled_weight_decay"]:
+                        field.number(f"{name}.{key}", group[key], minimum=0)  # replaced by this run's below
+                    elif type(group[key]) is not type(own[key]) or group[key] != own[key]:
                         raise field.error(f"{name}.{key}", group[key], f"is not aiayn's ({own[key]})")
                 params = group["params"]
                 if (
@@ -153,6 +165,7 @@ class RestoredState:
                 for key in ("lr", "initial_lr", "eps"):
                     field.number(f"{name}.{key}", group[key])
                 group.update({key: value for key, value in own.items() if key not in (*ADAM_RULE, "lr", "params")})
+                group["weight_decay"] = own["weight_decay"]
             moments = field.mapping(f"optimizer_states[{i}].state", state["state"])
             for index, moment in moments.items():
                 if not whole(index, 0) or index >= len(parameters):
@@ -190,7 +203,11 @@ class RestoredState:
             )
             field.count(f"lr_schedulers[{i}].last_epoch", schedule["last_epoch"])
             field.count(f"lr_schedulers[{i}]._step_count", schedule["_step_count"])
-            field.sequence(f"lr_schedulers[{i}].lr_lambdas", schedule["lr_lambdas"], len(own_schedule["lr_lambdas"]))
+            lambdas = field.sequence(
+                f"lr_schedulers[{i}].lr_lambdas", schedule["lr_lambdas"], len(own_schedule["lr_lambdas"])
+            )
+            for j, stored in enumerate(lambdas):
+                _check_schedule(field, f"lr_schedulers[{i}].lr_lambdas[{j}]", stored, schedule["last_epoch"])
             # Settings, not position: this run's (base_lrs multiplies every learning rate of the schedule).
             schedule.update(
                 {
@@ -287,6 +304,8 @@ class RestoredState:
             state = field.mapping(name, state, keys=("skipped", "overflows", "in_a_row"))
             for key in state:
                 field.count(f"{name}.{key}", state[key])
+        elif isinstance(callback, ExponentialMovingAverage):
+            _check_ema(field, name, state, dict(self.module.named_parameters()))
         elif isinstance(callback, Timer):  # trainer.max_time: a negative or foreign offset would move the limit
             elapsed = field.mapping(f"{name}.time_elapsed", field.mapping(name, state).get("time_elapsed", {}))
             for stage, seconds in elapsed.items():
@@ -357,6 +376,26 @@ def _with_defaults(
     return state
 
 
+def _check_schedule(field: Fields, name: str, stored: Any, last_epoch: int) -> None:
+    """A schedule's saved attributes: only fields of aiayn's schedules (the settings among them are
+    replaced by this run's); the decay a decaying schedule placed, which a resumed run keeps, either
+    none or steps from ``decay_start`` (done by ``last_epoch``, when it was placed) to a later ``decay_end``."""
+    stored = field.mapping(name, stored)
+    for key in sorted(map(str, set(stored) - SCHEDULE_FIELDS)):
+        raise field.error(f"{name}.{key}", "present", "is not a field of aiayn's learning-rate schedules")
+    start, end = stored.get("decay_start"), stored.get("decay_end")
+    if start is None and end is None:
+        return
+    for key, value in (("decay_start", start), ("decay_end", end)):
+        if value is None:
+            raise field.error(f"{name}.{key}", None, "is missing where the other end of the decay is set")
+        field.count(f"{name}.{key}", value)
+    if start > last_epoch:
+        raise field.error(f"{name}.decay_start", start, f"lies beyond the schedule's step last_epoch={last_epoch}")
+    if end <= start:
+        raise field.error(f"{name}.decay_end", end, f"does not come after decay_start={start}")
+
+
 def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:
     """The loops' progress: the keys this trainer's loops have, whole numbers (flags: booleans); the
     loader's position (``combined_loader``) as the sampler saves it. Extra entries are dropped."""
@@ -419,6 +458,22 @@ def _check_random_state(field: Fields, name: str, share: Any) -> None:
                 raise ValueError(f"cuda state of {cuda.numel()} bytes, not {size}")
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
         raise field.error(name, _short(error), "is not a generator state") from None
+
+
+def _check_ema(field: Fields, name: str, state: Any, parameters: dict[str, torch.Tensor]) -> None:
+    """The EMA of the weights as :class:`ExponentialMovingAverage` saves it: an fp32 tensor of finite numbers
+    for each of this model's parameters, of its shape (a NaN would reach ema.ckpt and every later step)."""
+    weights = field.mapping(f"{name}.weights", field.mapping(name, state, keys=("weights",))["weights"])
+    for key in sorted(set(parameters) ^ set(weights), key=str):
+        present = "present" if key in weights else "missing"
+        raise field.error(f"{name}.weights[{_short(key)}]", present, "differs from this run's parameters")
+    for key, tensor in weights.items():
+        own = tuple(parameters[key].shape)
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or tuple(tensor.shape) != own:
+            shown = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else _shape(tensor)
+            raise field.error(f"{name}.weights[{key}]", shown, f"is not its parameter's shape {own} in float32")
+        if not torch.isfinite(tensor).all():
+            raise field.error(f"{name}.weights[{key}]", "its values", "are not all finite")
 
 
 def _check_scaler(state: Any, field: Fields) -> None:
