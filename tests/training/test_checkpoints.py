@@ -165,3 +165,19 @@ def test_a_checkpoint_without_tokenizer_and_config_is_refused(tmp_path: Path) ->
         load_model(tmp_path / "foreign.ckpt")
     with pytest.raises(CheckpointError, match="does not exist"):
         load_model(tmp_path / "missing.ckpt")
+
+
+def test_a_checkpoint_older_than_a_model_field_averages_with_newer_ones_at_its_default(tmp_path: Path) -> None:
+    """A run resumed across an upgrade: its older step checkpoints lack ``activation_dropout``."""
+    old, new, other = fake_checkpoint(1, 1), fake_checkpoint(2, 2), fake_checkpoint(3, 3)
+    model = {"vocab_size": 100, "d_model": 8}
+    old["hyper_parameters"] = {"model": model}
+    new["hyper_parameters"] = {"model": {**model, "activation_dropout": 0.0}}
+    other["hyper_parameters"] = {"model": {**model, "activation_dropout": 0.1}}
+    for name, checkpoint in (("old", old), ("new", new), ("other", other)):
+        checkpoint["aiayn"] = run_of(1)
+        torch.save(checkpoint, tmp_path / f"{name}.ckpt")
+    averaged = average_checkpoints([tmp_path / "old.ckpt", tmp_path / "new.ckpt"])
+    assert [source["global_step"] for source in averaged["averaged_from"]] == [1, 2]
+    with pytest.raises(CheckpointError, match="another model hyperparameters"):
+        average_checkpoints([tmp_path / "old.ckpt", tmp_path / "other.ckpt"])

@@ -49,7 +49,7 @@ from aiayn.errors import ConfigError, is_number
 log = logging.getLogger(__name__)
 
 CHUNK = 2048  # training pairs drawn from one generator per side, and per job of a drawing process
-WORDS = 1 << 20  # words whose first candidate pairs are kept, per process (Multi30k has 40k, WMT14 more)
+WORDS = 1 << 16  # words whose first candidate pairs are kept, per process (~1 KB each; Multi30k has 40k)
 SPACE = "▁"  # sentencepiece's word boundary: no piece has it but at its start, so words are segmented alone
 
 

@@ -12,6 +12,7 @@ import os
 import pickle
 import re
 from collections.abc import Sequence
+from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
@@ -229,13 +230,23 @@ def run_fields(checkpoint: dict[str, Any]) -> dict[str, Any]:
     data = config.get("data") if isinstance(config.get("data"), dict) else {}
     hyper = checkpoint.get("hyper_parameters") if isinstance(checkpoint.get("hyper_parameters"), dict) else {}
     return {
-        "model": hyper.get("model"),
+        "model": model_settings(hyper.get("model")),
         "data.src_lang": data.get("src_lang"),
         "data.tgt_lang": data.get("tgt_lang"),
         "corpus": run.get(DATA_KEY),
         "tokenizer": run.get("tokenizer"),
         "seed": config.get("seed"),
     }
+
+
+def model_settings(model: Any) -> Any:
+    """A checkpoint's model hyperparameters, with the fields added since it was written at their defaults
+    (the behaviour it was trained with: ``activation_dropout`` 0), so that a run resumed across an upgrade
+    averages its older checkpoints with its newer ones."""
+    if not isinstance(model, dict):
+        return model
+    defaults = {field.name: field.default for field in fields(TransformerConfig) if field.default is not MISSING}
+    return {**defaults, **model}
 
 
 def _check_same_run(first: dict[str, Any], other: dict[str, Any], path: Path, first_path: Path, seeds: bool) -> None:

@@ -17,6 +17,7 @@ from aiayn.scoring import BLEU_SETTINGS
 from aiayn.training.distributed import gathered_from_ranks
 from aiayn.training.loss import label_smoothed_cross_entropy
 from aiayn.training.schedule import (
+    DECAYING,
     PAPER_OPTIM,
     Budget,
     OptimSettings,
@@ -227,7 +228,7 @@ class TranslationModule(pl.LightningModule):
         Every DDP rank places the same decay: under a time limit rank 0's clock decides, as it decides
         when Lightning's ``Timer`` stops the run; steps are the same on every rank."""
         schedule, done = scheduler.lr_lambdas[0], scheduler.last_epoch + 1  # the steps done, as the schedule counts
-        if isinstance(schedule, WarmupDecaySchedule) and schedule.decay_start is None:
+        if isinstance(schedule, WarmupDecaySchedule) and schedule.kind in DECAYING and schedule.decay_start is None:
             budget = self._budget()
             end = budget.end(done) if schedule.decay_due(done, budget) else None
             if budget.seconds is not None:

@@ -70,8 +70,9 @@ class OptimSettings:
         object.__setattr__(self, "betas", tuple(betas))
 
     def _check_schedule(self) -> None:
-        """The schedule's own settings; one that the chosen schedule would ignore is refused, so that a
-        run never trains with a learning rate other than the one its config seems to ask for."""
+        """The schedule's own settings: ``lr``, ``lr_scale`` or ``min_lr`` that the chosen schedule would
+        ignore is refused, so that a run never trains with a learning rate other than the one its config
+        seems to ask for (``decay_fraction``, which has a default, is wsd's alone)."""
         if self.schedule not in SCHEDULES:
             raise FieldError("schedule", self.schedule, f"must be one of {', '.join(SCHEDULES)} (noam: eq. 3)")
         if self.schedule == "noam":
@@ -139,7 +140,10 @@ class Budget:
 
     def end(self, done: int) -> int | None:
         """The step the run ends at, seen after ``done`` steps: ``max_steps``, or the step the time runs
-        out at if the run keeps its rate so far, whichever comes first; None when nothing limits it."""
+        out at if the run keeps its rate so far, whichever comes first; None when nothing limits it.
+        Projected once (the decay it places is then fixed in steps, for exact resumes): a run that slows
+        down later (validations that grow longer) stops a little above the floor, one that speeds up
+        reaches it a little early."""
         ends = [self.max_steps] if self.max_steps else []
         if self.seconds and self.elapsed > 0:
             ends.append(math.floor(done * self.seconds / self.elapsed))
@@ -160,8 +164,8 @@ class WarmupDecaySchedule:
 
     ``step`` counts optimizer steps from 1, as in :class:`NoamSchedule`: ``LambdaLR`` passes the steps
     done. The decay runs from step ``decay_start`` (the last at the peak) to step ``decay_end`` (the
-    first at ``min_lr``, which stays); None until :meth:`place_decay` fixes them, and stored in
-    checkpoints with the settings.
+    first at ``min_lr``, which stays: a run that ends there makes its last update at the floor); None
+    until :meth:`place_decay` fixes them, and stored in checkpoints with the settings.
     """
 
     def __init__(self, kind: str, lr: float, warmup: int, min_lr: float = 0.0, decay_fraction: float = 0.2) -> None:

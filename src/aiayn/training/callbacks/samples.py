@@ -23,7 +23,7 @@ class ValidationSamples(pl.Callback):
     """After each validation of a fit, on rank 0, logs to the W&B and TensorBoard loggers:
 
     - ``val/samples``: a table of the first ``n_samples`` validation sentences (source, reference,
-      hypothesis), translated with the run's decoding settings;
+      hypothesis), translated as the validation translates (``val_decoding`` while training);
     - ``attention/<kind>/layer_<i>``: for one fixed validation pair, teacher-forced on its reference,
       one heat map per head of encoder self-, decoder self- and encoder-decoder (``cross``) attention in
       every layer, queries as rows and keys as columns, labelled with their subword pieces; at the
@@ -67,7 +67,7 @@ class ValidationSamples(pl.Callback):
             return []
         batch = collate(items)
         src, hp = batch["src"].to(pl_module.device), pl_module.hparams
-        hypotheses = translate_ids(pl_module.model, src, hp.bos_id, hp.eos_id, pl_module.decoding)
+        hypotheses = translate_ids(pl_module.model, src, hp.bos_id, hp.eos_id, pl_module.evaluation_decoding("val"))
         sources = tokenizer.decode([src for _, src, _ in items])
         return [list(row) for row in zip(sources, batch["references"], tokenizer.decode(hypotheses), strict=True)]
 
