@@ -31,6 +31,9 @@ BAD_CONFIGS = [
     (["model.dropout=1.0"], "model.dropout", "1.0"),
     (["model.attn_dropout=-0.1"], "model.attn_dropout", "-0.1"),
     (["model.activation_dropout=1"], "model.activation_dropout", "1"),
+    (["checkpoint.answer=last"], "checkpoint.answer", "last"),
+    (["checkpoint.answer=ema"], "checkpoint.answer", "ema"),  # no ema.decay
+    (["checkpoint.answer=averaged", "checkpoint.average_last=1"], "checkpoint.answer", "averaged"),
     (["model.positional=alibi"], "model.positional", "alibi"),
     (["+model.heads=4"], "model.heads", "4"),
     (["data.max_tokens=100"], "data.max_tokens", "100"),  # data.max_len is 256

@@ -27,7 +27,8 @@ ADDED = {
     "optim.weight_decay": 0.0,
     "ema.decay": None,
     "ema.start_step": 0,
-    "checkpoint.average_every": None,  # step checkpoints at validations, as before
+    "checkpoint.average_every": None,
+    "checkpoint.answer": "evaluated",  # step checkpoints at validations, as before
     "data.bpe_dropout": 0.0,
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.

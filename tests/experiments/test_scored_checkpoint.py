@@ -29,8 +29,12 @@ def test_the_final_step_is_a_step_checkpoint_and_final_scores_the_last_model(
     run_dir = tmp_path / "run"
     argv = ["debug=smoke", f"data.root={corpus_root}", f"data.cache_dir={cache_dir}", f"hydra.run.dir={run_dir}"]
     argv += ["trainer.max_steps=11", "checkpoint.every_steps=4", "checkpoint.keep_last=3", "checkpoint.average_last=3"]
-    assert train_in_process([*argv, "checkpoint.evaluate=final"], monkeypatch) == 0
+    assert train_in_process([*argv, "checkpoint.evaluate=final", "checkpoint.answer=averaged"], monkeypatch) == 0
     results = json.loads((run_dir / "results.json").read_text())
+    assert results["answer"] == "averaged" and results["answer_checkpoint"] == "checkpoints/averaged.ckpt"
+    assert (results["answer_test_bleu"], results["answer_test_chrf"]) == (
+        results["test_bleu_averaged"], results["test_chrf_averaged"]
+    )  # fmt: skip
     assert sorted(validations(run_dir)) == [4, 8, 11]  # 11 is not a multiple of 4: validated all the same
     assert results["averaged_checkpoints"] == ["step0000004.ckpt", "step0000008.ckpt", "step0000011.ckpt"]
     assert results["evaluated"] == "final" and results["evaluated_checkpoint"] == "checkpoints/last.ckpt"

@@ -145,3 +145,17 @@ def test_a_non_finite_micro_batch_skips_its_whole_accumulated_step(
     assert results["skipped_steps"] == 1 and results["steps"] == 5
     adam = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
     assert {float(state["step"]) for state in adam.values()} == {4.0}
+
+
+def test_results_count_the_runs_skipped_steps_not_those_of_the_checkpoint_tested(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning restores the callbacks' state from the checkpoint it validates and tests: best.ckpt, here
+    from step 1 (the highest validation loss is the first), before the skipped step 2."""
+    poison(monkeypatch, {2: "plus"})
+    extra = ("trainer.max_steps=4", "checkpoint.every_steps=1", "checkpoint.monitor=val/loss", "checkpoint.mode=max")
+    overrides = resumable_run(multi30k_root, cache_dir, *extra)
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides)
+    best = torch.load(tmp_path / "run" / results["best_checkpoint"], weights_only=True)
+    assert best["global_step"] == 1 and best["callbacks"]["NonFiniteGuard"]["skipped"] == 0
+    assert results["skipped_steps"] == 1 and results["steps"] == 4

@@ -61,8 +61,9 @@ class CheckpointPolicy:
     ``keep_last`` step checkpoints), the one evaluated after training (``best`` or ``final``), the
     newest ``average_last`` averaged for a second test (§6.1), a validation every ``every_steps``
     optimizer steps (None: as ``trainer.val_check_interval`` says), and the step checkpoints every
-    ``average_every`` optimizer steps instead of at validations (None). The other keys are checked
-    before (:func:`~aiayn.config.preflight.check_checkpointing`); ``average_every`` here."""
+    ``average_every`` optimizer steps instead of at validations (None), and which of the tested checkpoints
+    is the run's ``answer``. The other keys are checked before
+    (:func:`~aiayn.config.preflight.check_checkpointing`); ``average_every`` here."""
 
     monitor: str
     mode: str
@@ -71,6 +72,7 @@ class CheckpointPolicy:
     evaluate: str
     every_steps: int | None
     average_every: int | None
+    answer: str = "evaluated"  # the tested checkpoint results.json reports as the run's answer
 
     def __post_init__(self) -> None:
         if self.average_every is not None and not whole(self.average_every, 1):
@@ -119,6 +121,9 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
     trainer.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer.setdefault("enable_model_summary", progress != "quiet")
+    ema = ema_settings(cfg.ema)
+    if cfg.checkpoint.answer == "ema" and not ema.decay:
+        raise ConfigError("checkpoint.answer", "ema", "needs an EMA of the weights: set ema.decay (e.g. 0.999)")
     return RunPlan(
         resolved=OmegaConf.to_container(cfg, resolve=True),
         module=module,
@@ -131,8 +136,9 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
             evaluate=cfg.checkpoint.evaluate,
             every_steps=cfg.checkpoint.every_steps,
             average_every=cfg.checkpoint.average_every,
+            answer=cfg.checkpoint.answer,
         ),
-        ema=ema_settings(cfg.ema),
+        ema=ema,
         trainer=trainer,
         tokens_per_step=cfg.tokens_per_step,
         progress=progress,

@@ -99,6 +99,9 @@ def check_positions(data: DictConfig, model: DictConfig) -> None:
         )
 
 
+ANSWERS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the run's answer
+
+
 def check_checkpointing(checkpoint: DictConfig) -> None:
     """``checkpoint.monitor`` is a metric every validation logs (else the run fails at its first
     validation, after the work), ``checkpoint.mode`` says which way it improves, ``checkpoint.evaluate``
@@ -112,6 +115,9 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         raise ConfigError(
             "checkpoint.evaluate", checkpoint.evaluate, "must be best (by checkpoint.monitor) or final (the last step)"
         )
+    if checkpoint.answer not in ANSWERS:
+        allowed = "must be evaluated (checkpoint.evaluate's), averaged (checkpoint.average_last's) or ema (ema.decay's)"
+        raise ConfigError("checkpoint.answer", checkpoint.answer, allowed)
     if checkpoint.mode not in ("min", "max"):
         raise ConfigError(
             "checkpoint.mode", checkpoint.mode, "must be max (val/bleu) or min (val/loss, val/nll, val/ppl)"
@@ -121,6 +127,9 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         raise ConfigError("checkpoint.keep_last", keep, "must be a whole number >= 0 (0 keeps no step checkpoints)")
     if not whole(average, 0):
         raise ConfigError("checkpoint.average_last", average, "must be a whole number >= 0 (0 or 1: no averaging)")
+    if checkpoint.answer == "averaged" and average < 2:
+        allowed = f"needs checkpoints to average: set checkpoint.average_last>=2 (it is {average})"
+        raise ConfigError("checkpoint.answer", "averaged", allowed)
     if average > max(keep, 1):
         raise ConfigError(
             "checkpoint.average_last", average, f"needs that many kept checkpoints; set checkpoint.keep_last>={average}"

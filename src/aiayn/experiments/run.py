@@ -9,6 +9,7 @@ The composed config comes from Hydra (``aiayn-train``) or :func:`aiayn.config.co
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -25,7 +26,7 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.config.build import build_loggers
-from aiayn.config.plan import RunPlan, plan_run
+from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.experiments.resume import resume_from
 from aiayn.experiments.run_info import log_run_config
@@ -47,6 +48,8 @@ from aiayn.training.cluster import cluster_environment
 from aiayn.training.loggers.finish import finish_loggers
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -74,6 +77,7 @@ class RunResults:
     test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, test_sentences, sacrebleu_signature
     averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
     ema: dict[str, Any]  # test_bleu_ema, test_chrf_ema (aiayn.training.callbacks.ema)
+    answer: dict[str, Any]  # answer (checkpoint.answer, resolved), answer_checkpoint, answer_test_bleu, _chrf
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
     data_cache: str  # the data's cache entry: corpus content, direction and vocabulary (what aiayn-report keys by)
@@ -86,7 +90,7 @@ class RunResults:
         """The fields in order, with the test, averaged and EMA scores' own keys in place of the groups."""
         flat: dict[str, Any] = {}
         for key, value in asdict(self).items():
-            flat.update(value if key in ("test", "averaged", "ema") else {key: value})
+            flat.update(value if key in ("test", "averaged", "ema", "answer") else {key: value})
         return flat
 
 
@@ -173,6 +177,9 @@ def collect_results(
     """Validate and test the evaluated checkpoint (the best, or the final one), test the average of the
     newest, and gather what the run reports (:class:`RunResults`)."""
     data = plan.data
+    # The run's own counts, read before the evaluations: Lightning restores every callback's state from
+    # the checkpoint it validates or tests (best.ckpt's counts are those of an earlier step).
+    skipped, overflows = run.guard.skipped, run.guard.overflows
     best = best_checkpoint(run)
     evaluated = best if plan.checkpoint.evaluate == "best" else run.last.path
     val = validate_checkpoint(trainer, module, data, evaluated)
@@ -199,14 +206,34 @@ def collect_results(
         batch=batching,
         data=data.filtered,
         data_cache=data.cache_folder().name,
-        skipped_steps=run.guard.skipped,
-        overflow_steps=run.guard.overflows,
+        skipped_steps=skipped,
+        overflow_steps=overflows,
         wall_s=time.perf_counter() - start,
         overrides=plan.overrides,
         test=test,
         averaged=averaged,
         ema=ema,
+        answer=run_answer(plan.checkpoint, in_run(evaluated, run_dir), test, averaged, ema),
     ).to_dict()
+
+
+def run_answer(
+    policy: CheckpointPolicy, evaluated: str, test: dict[str, Any], averaged: dict[str, Any], ema: dict[str, Any]
+) -> dict[str, Any]:
+    """The run's answer (``checkpoint.answer``): which tested checkpoint it is and its test scores (None
+    without a test split). A run too short to average (fewer than two step checkpoints) answers with
+    the evaluated checkpoint, and says so."""
+    name, checkpoint, scores = policy.evaluate, evaluated, (test.get("test_bleu"), test.get("test_chrf"))
+    if policy.answer == "averaged" and averaged:
+        name, checkpoint = "averaged", "checkpoints/averaged.ckpt"
+        scores = (averaged["test_bleu_averaged"], averaged["test_chrf_averaged"])
+    elif policy.answer == "averaged" and test:
+        log.warning("checkpoint.answer=averaged: fewer than two step checkpoints to average; the answer is %s", name)
+    elif policy.answer == "ema":
+        name, checkpoint = "ema", "checkpoints/ema.ckpt"
+        scores = (ema.get("test_bleu_ema"), ema.get("test_chrf_ema"))
+    bleu, chrf = scores
+    return {"answer": name, "answer_checkpoint": checkpoint, "answer_test_bleu": bleu, "answer_test_chrf": chrf}
 
 
 def best_checkpoint(run: RunCallbacks) -> Path:
