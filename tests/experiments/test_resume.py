@@ -7,13 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
 
 from aiayn.config.compose import compose_run_config
 from aiayn.experiments.run import train
 from helpers.batch_recorder import BatchRecorder, recorded
 from helpers.runs import resumable_run
+from helpers.stops import StopAtStep
 
 pytestmark = pytest.mark.slow
 
@@ -26,17 +26,6 @@ def run(tmp: Path, name: str, overrides: list[str]) -> tuple[dict, Path]:
 
 def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
-
-
-class StopAtStep(pl.Callback):
-    """Asks the trainer to stop after ``step`` optimizer steps, as Lightning's timer does at max_time."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
 
 
 @pytest.fixture(scope="module")

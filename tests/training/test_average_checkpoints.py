@@ -14,6 +14,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.experiments.run import train
 from aiayn.training.checkpoints import load_checkpoint, step_checkpoints
 from helpers.runs import smoke_run, train_in_process
+from helpers.stops import StopAtStep
 
 # Greedy and short: the decoding is not what these tests check.
 FAST = ("decoding=greedy", "decoding.max_len_offset=3")
@@ -27,17 +28,6 @@ class FitValidations(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.count += trainer.state.fn == "fit" and not trainer.sanity_checking
-
-
-class StopAtStep(pl.Callback):
-    """Asks the trainer to stop after ``step`` optimizer steps, as Lightning's timer does at max_time."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
 
 
 def steps_in(run_dir: Path) -> list[int]:

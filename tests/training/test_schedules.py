@@ -33,6 +33,7 @@ from aiayn.training.schedule import (
     lr_schedule,
 )
 from helpers.runs import resumable_run, smoke_run, train_in_process
+from helpers.stops import StopAtStep
 
 
 def lr_at(schedule: Any, step: int) -> float:
@@ -239,17 +240,6 @@ def test_a_resume_keeps_the_placed_decay_with_this_runs_settings_unless_the_sche
 
 
 # -- real runs, interrupted and resumed -----------------------------------------------------------------------
-class StopAtStep(pl.Callback):
-    """Asks the trainer to stop after ``step`` optimizer steps, as Lightning's timer does at max_time."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
-        if trainer.global_step >= self.step:
-            trainer.should_stop = True
-
-
 def last_checkpoint(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
 
