@@ -45,7 +45,10 @@ class BatchRecorder(pl.Callback):
         self.batches += 1
         if self.batches != self.hold_at:
             return
-        (self.folder / HELD).write_text(str(trainer.global_step))
+        # Written whole, then renamed (each DDP rank its own draft): the test reads the step once it exists.
+        draft = self.folder / f"{HELD}.rank{trainer.global_rank}"
+        draft.write_text(str(trainer.global_step))
+        draft.replace(self.folder / HELD)
         deadline = time.monotonic() + HOLD_TIMEOUT
         while not (self.folder / RELEASE).exists():
             if time.monotonic() > deadline:
