@@ -22,6 +22,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.errors import CheckpointError
 from aiayn.experiments.run import train
 from aiayn.model import TransformerConfig
+from aiayn.training import schedule as schedule_module
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 from aiayn.training.schedule import (
@@ -105,6 +106,23 @@ def test_the_further_along_of_time_and_steps_places_the_decay_and_the_rate_so_fa
     # Steps further along: max_steps ends the run before the time does.
     assert Budget(max_steps=100, elapsed=10.0, seconds=100.0).end(80) == 100
     assert not schedule.decay_due(10**6, Budget(max_steps=None))  # nothing limits the run: no end to decay to
+    # The rate since a point (the decay's start), where given: 40 steps in the 40 s since step 10 at 40 s.
+    assert Budget(max_steps=None, elapsed=80.0, seconds=100.0).end(50, since=(10, 40.0)) == 70
+
+
+@pytest.mark.parametrize("kind", sorted(DECAYS))
+def test_a_reprojected_decay_goes_on_from_where_it_stood_to_its_new_end(kind: str) -> None:
+    schedule = WarmupDecaySchedule(kind, lr=1.0, warmup=10, min_lr=0.1)
+    schedule.place_decay(10, 110, seconds=12.5)
+    assert schedule.rate_since() == (10, 12.5)
+    before = lr_at(schedule, 60)  # halfway down
+    schedule.reproject(60, 210)
+    assert (schedule.anchor_step, schedule.anchor_progress, schedule.decay_end) == (60, 0.5, 210)
+    assert lr_at(schedule, 60) == before  # no jump
+    # The second half of the way down now takes 150 steps: a quarter of the way is at step 135.
+    assert schedule.decayed(135) == pytest.approx(0.75) and lr_at(schedule, 210) == pytest.approx(0.1)
+    schedule.reproject(200, 150)  # an end already passed: the floor one step on
+    assert schedule.decay_end == 201 and lr_at(schedule, 201) == pytest.approx(0.1)
 
 
 # -- a run bound by time, at two simulated speeds -------------------------------------------------------------
@@ -112,16 +130,17 @@ class SimulatedClock(Timer):
     """Lightning's ``Timer`` (it ends the run at its duration and is what the module reads the time from) on a
     simulated clock: every optimizer step takes ``seconds_per_step``, a machine of that speed; nobody sleeps."""
 
-    def __init__(self, seconds: float, seconds_per_step: float) -> None:
+    def __init__(self, seconds: float, seconds_per_step: float, start_up: float = 0.0) -> None:
         super().__init__(duration=timedelta(seconds=seconds))
-        self.seconds_per_step = seconds_per_step
+        self.seconds_per_step, self.start_up = seconds_per_step, start_up
         self.clocked: pl.Trainer | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.clocked = trainer
 
     def time_elapsed(self, stage: str = "train") -> float:
-        return self.clocked.global_step * self.seconds_per_step if self.clocked is not None else 0.0
+        steps = self.clocked.global_step if self.clocked is not None else 0
+        return self.start_up + steps * self.seconds_per_step if steps else 0.0
 
 
 class LearningRates(pl.Callback):
@@ -180,6 +199,32 @@ def test_a_time_bound_run_ends_at_min_lr_at_the_end_of_its_budget_whatever_its_s
     assert rates.applied[-1] == pytest.approx(0.001)  # the floor, at the budget's last step
 
 
+def test_a_time_bound_run_with_a_slow_start_reaches_the_floor_at_its_last_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 20 s of start-up in a 60 s budget, then 1 s a step: projected at the end of warmup (4 steps in 24 s),
+    # the decay would end at step 10 and the run would train its last 30 steps at the floor.
+    monkeypatch.setattr(schedule_module, "REPROJECT_EVERY", 5)
+    module = tiny_module(schedule="linear", lr=0.01, min_lr=0.001, warmup=4)
+    rates = LearningRates()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=1000,
+        max_epochs=-1,
+        callbacks=[SimulatedClock(60, 1.0, start_up=20.0), rates],
+        limit_val_batches=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, train_dataloaders=batches())
+    assert trainer.global_step == len(rates.applied) == 40
+    stored = trainer.lr_scheduler_configs[0].scheduler.state_dict()["lr_lambdas"][0]
+    assert (stored["decay_start"], stored["decay_start_seconds"], stored["decay_end"]) == (4, 24.0, 40)
+    decay = rates.applied[3:]
+    assert all(later < earlier for earlier, later in pairwise(decay))  # down all the way, never up
+    assert rates.applied[-2] > 0.001 and rates.applied[-1] == pytest.approx(0.001)
+
+
 # -- checkpoints ----------------------------------------------------------------------------------------------
 def placed_checkpoint(module: TranslationModule, done: int = 6, end: int = 20) -> dict[str, Any]:
     """What a checkpoint holds of ``module``'s optimisation after ``done`` steps, its decay placed at
@@ -208,6 +253,10 @@ def placed_checkpoint(module: TranslationModule, done: int = 6, end: int = 20) -
         ("lr_lambdas[0].decay_end=None", {"decay_end": None}),
         ("lr_lambdas[0].decay_end=6", {"decay_end": 6}),
         ("lr_lambdas[0].decay_start=7", {"decay_start": 7}),  # placed after the step the schedule is at
+        ("lr_lambdas[0].anchor_step=5", {"anchor_step": 5}),  # projected again before the decay began
+        ("lr_lambdas[0].anchor_step=20", {"anchor_step": 20}),
+        ("lr_lambdas[0].anchor_progress=1.0", {"anchor_progress": 1.0}),
+        ("lr_lambdas[0].decay_start_seconds=-1", {"decay_start_seconds": -1.0}),
     ],
 )
 def test_a_stored_decay_aiayn_would_not_write_is_refused_naming_the_field(

@@ -224,17 +224,22 @@ class TranslationModule(pl.LightningModule):
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         """Steps the schedule after each optimizer step; a decaying one first fixes its decay in steps
-        when the decay phase begins (:meth:`~aiayn.training.schedule.WarmupDecaySchedule.place_decay`).
-        Every DDP rank places the same decay: under a time limit rank 0's clock decides, as it decides
-        when Lightning's ``Timer`` stops the run; steps are the same on every rank."""
+        when the decay phase begins (:meth:`~aiayn.training.schedule.WarmupDecaySchedule.place_decay`)
+        and, under a time limit, projects its end again every few steps
+        (:meth:`~aiayn.training.schedule.WarmupDecaySchedule.reproject`). Every DDP rank places the same
+        decay: under a time limit rank 0's clock decides, as it decides when Lightning's ``Timer`` stops
+        the run; steps are the same on every rank."""
         schedule, done = scheduler.lr_lambdas[0], scheduler.last_epoch + 1  # the steps done, as the schedule counts
-        if isinstance(schedule, WarmupDecaySchedule) and schedule.kind in DECAYING and schedule.decay_start is None:
+        if isinstance(schedule, WarmupDecaySchedule) and schedule.kind in DECAYING:
             budget = self._budget()
-            end = budget.end(done) if schedule.decay_due(done, budget) else None
-            if budget.seconds is not None:
-                end = self.trainer.strategy.broadcast(end)
-            if end is not None:
-                schedule.place_decay(done, end)
+            if schedule.decay_start is None:
+                end = budget.end(done) if schedule.decay_due(done, budget) else None
+                if budget.seconds is not None:
+                    end = self.trainer.strategy.broadcast(end)
+                if end is not None:
+                    schedule.place_decay(done, end, budget.elapsed if budget.seconds is not None else None)
+            elif schedule.reproject_due(done, budget):
+                schedule.reproject(done, self.trainer.strategy.broadcast(budget.end(done, schedule.rate_since())))
         scheduler.step()
 
     def configure_optimizers(self) -> dict[str, Any]:

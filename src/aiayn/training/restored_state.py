@@ -379,7 +379,9 @@ def _with_defaults(
 def _check_schedule(field: Fields, name: str, stored: Any, last_epoch: int) -> None:
     """A schedule's saved attributes: only fields of aiayn's schedules (the settings among them are
     replaced by this run's); the decay a decaying schedule placed, which a resumed run keeps, either
-    none or steps from ``decay_start`` (done by ``last_epoch``, when it was placed) to a later ``decay_end``."""
+    none or steps from ``decay_start`` (done by ``last_epoch``, when it was placed) to a later ``decay_end``,
+    and where a time-bound run last projected that end again: ``anchor_step`` between them, the share
+    ``anchor_progress`` of the decay done by then."""
     stored = field.mapping(name, stored)
     for key in sorted(map(str, set(stored) - SCHEDULE_FIELDS)):
         raise field.error(f"{name}.{key}", "present", "is not a field of aiayn's learning-rate schedules")
@@ -394,6 +396,17 @@ def _check_schedule(field: Fields, name: str, stored: Any, last_epoch: int) -> N
         raise field.error(f"{name}.decay_start", start, f"lies beyond the schedule's step last_epoch={last_epoch}")
     if end <= start:
         raise field.error(f"{name}.decay_end", end, f"does not come after decay_start={start}")
+    if stored.get("decay_start_seconds") is not None:
+        field.number(f"{name}.decay_start_seconds", stored["decay_start_seconds"], 0.0)
+    anchor = stored.get("anchor_step")
+    if anchor is None:
+        return
+    if not start <= field.count(f"{name}.anchor_step", anchor) <= last_epoch or anchor >= end:
+        allowed = f"must lie from decay_start={start} to last_epoch={last_epoch}, before decay_end={end}"
+        raise field.error(f"{name}.anchor_step", anchor, allowed)
+    progress = field.number(f"{name}.anchor_progress", stored.get("anchor_progress"), 0.0)
+    if progress >= 1.0:
+        raise field.error(f"{name}.anchor_progress", progress, "must lie in [0, 1): the share of the decay done")
 
 
 def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:

@@ -6,9 +6,10 @@ Every schedule is a callable object that ``LambdaLR`` calls with the optimizer s
 that returns the learning rate itself (the optimizer's base learning rate is 1.0). ``LambdaLR`` saves
 the object's attributes in checkpoints, so they are plain numbers and words. The decaying schedules
 (:data:`DECAYING`) end at ``min_lr`` when the run ends, whether ``trainer.max_steps`` or
-``trainer.max_time`` ends it: where the decay begins and ends is fixed in steps once, when its phase
-begins (:meth:`WarmupDecaySchedule.place_decay`), and stored with the schedule, so that a resumed run
-continues the same curve."""
+``trainer.max_time`` ends it: where the decay begins and ends is fixed in steps when its phase begins
+(:meth:`WarmupDecaySchedule.place_decay`); under a time limit its end is projected again every
+:data:`REPROJECT_EVERY` steps from the rate the decay phase has trained at. Both are stored with the
+schedule, so that a resumed run continues the same curve."""
 
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from aiayn.errors import FieldError, is_number, show, whole
 
 SCHEDULES = ("noam", "inverse_sqrt", "linear", "cosine", "wsd")
 DECAYING = ("linear", "cosine", "wsd")  # down to min_lr at the end of the run's budget
+# Under trainer.max_time, the steps between projections of the decay's end: a projection made once, at the
+# end of warmup, counts the run's start-up and missed the end by 10% of the run (benchmarks/RESULTS.md); one
+# every 50 steps misses it by a few steps at most, for one broadcast under DDP.
+REPROJECT_EVERY = 50
 
 
 @dataclass(frozen=True)
@@ -138,15 +143,16 @@ class Budget:
         by_time = self.elapsed / self.seconds if self.seconds else 0.0
         return max(by_steps, by_time)
 
-    def end(self, done: int) -> int | None:
+    def end(self, done: int, since: tuple[int, float] | None = None) -> int | None:
         """The step the run ends at, seen after ``done`` steps: ``max_steps``, or the step the time runs
-        out at if the run keeps its rate so far, whichever comes first; None when nothing limits it.
-        Projected once (the decay it places is then fixed in steps, for exact resumes): a run that slows
-        down later (validations that grow longer) stops a little above the floor, one that speeds up
-        reaches it a little early."""
+        out at if the run keeps its rate, whichever comes first; None when nothing limits it. The rate is
+        the one since ``since`` (steps done, seconds elapsed), where given and past, else the run's so
+        far (its start-up included)."""
         ends = [self.max_steps] if self.max_steps else []
         if self.seconds and self.elapsed > 0:
-            ends.append(math.floor(done * self.seconds / self.elapsed))
+            steps, seconds = since if since and done > since[0] and self.elapsed > since[1] else (0, 0.0)
+            rate = (done - steps) / (self.elapsed - seconds)
+            ends.append(done + math.floor(rate * max(0.0, self.seconds - self.elapsed)))
         return max(min(ends), done + 1) if ends else None
 
 
@@ -165,7 +171,11 @@ class WarmupDecaySchedule:
     ``step`` counts optimizer steps from 1, as in :class:`NoamSchedule`: ``LambdaLR`` passes the steps
     done. The decay runs from step ``decay_start`` (the last at the peak) to step ``decay_end`` (the
     first at ``min_lr``, which stays: a run that ends there makes its last update at the floor); None
-    until :meth:`place_decay` fixes them, and stored in checkpoints with the settings.
+    until :meth:`place_decay` fixes them, and stored in checkpoints with the settings. A time-bound
+    run moves ``decay_end`` as it learns its speed (:meth:`reproject`): the decay then goes on from
+    where it stood at step ``anchor_step`` (``anchor_progress`` of the way down) to the new end, so
+    the learning rate never jumps; ``decay_start_seconds``, the time trained when the decay began,
+    gives the rate the projection uses.
     """
 
     def __init__(self, kind: str, lr: float, warmup: int, min_lr: float = 0.0, decay_fraction: float = 0.2) -> None:
@@ -177,6 +187,9 @@ class WarmupDecaySchedule:
         self.kind, self.lr, self.warmup, self.min_lr, self.decay_fraction = kind, lr, warmup, min_lr, decay_fraction
         self.decay_start: int | None = None
         self.decay_end: int | None = None
+        self.decay_start_seconds: float | None = None
+        self.anchor_step: int | None = None
+        self.anchor_progress = 0.0
 
     def __call__(self, step: int) -> float:
         step = step + 1
@@ -184,11 +197,18 @@ class WarmupDecaySchedule:
             return self.lr * step / self.warmup
         if self.kind == "inverse_sqrt":
             return self.lr * math.sqrt(self.warmup / step)
-        if self.decay_start is None or self.decay_end is None or step <= self.decay_start:
-            return self.lr
-        done = min(1.0, (step - self.decay_start) / (self.decay_end - self.decay_start))
+        done = self.decayed(step)
         left = 0.5 * (1 + math.cos(math.pi * done)) if self.kind == "cosine" else 1 - done
         return self.min_lr + (self.lr - self.min_lr) * left
+
+    def decayed(self, step: int) -> float:
+        """How far down the decay is at optimizer step ``step`` (from 1): 0 at the peak, 1 at the floor.
+        Linear in the steps from the anchor (the decay's start, or its latest :meth:`reproject`) on."""
+        if self.decay_start is None or self.decay_end is None or step <= self.decay_start:
+            return 0.0
+        anchor = self.decay_start if self.anchor_step is None else self.anchor_step
+        left = 1.0 - self.anchor_progress
+        return min(1.0, self.anchor_progress + left * (step - anchor) / (self.decay_end - anchor))
 
     def decay_due(self, done: int, budget: Budget) -> bool:
         """Whether the decay phase has begun after ``done`` steps and is not placed yet: right after
@@ -198,10 +218,30 @@ class WarmupDecaySchedule:
             return False
         return self.kind != "wsd" or budget.progress(done) >= 1 - self.decay_fraction
 
-    def place_decay(self, done: int, end: int) -> None:
-        """Fix the decay in steps: from ``done`` (the steps done when its phase began) to ``end``
-        (:meth:`Budget.end`, after ``done``). From then on the learning rate is a function of the step alone."""
-        self.decay_start, self.decay_end = done, end
+    def place_decay(self, done: int, end: int, seconds: float | None = None) -> None:
+        """Fix the decay in steps: from ``done`` (the steps done when its phase began, after ``seconds``
+        of training under a time limit) to ``end`` (:meth:`Budget.end`, after ``done``). From then on the
+        learning rate is a function of the step alone, until a :meth:`reproject`."""
+        self.decay_start, self.decay_end, self.decay_start_seconds = done, end, seconds
+        self.anchor_step, self.anchor_progress = done, 0.0
+
+    def reproject_due(self, done: int, budget: Budget) -> bool:
+        """Whether to project the decay's end again after ``done`` steps: every :data:`REPROJECT_EVERY`
+        steps of a placed decay under a time limit, until the floor is reached (a step limit is exact)."""
+        placed = self.decay_start is not None and self.decay_end is not None and done > self.decay_start
+        return placed and budget.seconds is not None and done % REPROJECT_EVERY == 0 and self.decayed(done) < 1.0
+
+    def reproject(self, done: int, end: int) -> None:
+        """Move the decay's end to ``end`` (after ``done``), going on from where the decay stands after
+        ``done`` steps."""
+        self.anchor_progress, self.anchor_step, self.decay_end = self.decayed(done), done, max(end, done + 1)
+
+    def rate_since(self) -> tuple[int, float] | None:
+        """The steps and seconds at the decay's start under a time limit: the projections use the rate
+        since then, which leaves out the run's start-up."""
+        if self.decay_start is None or self.decay_start_seconds is None:
+            return None
+        return self.decay_start, self.decay_start_seconds
 
     def continue_from(self, stored: Mapping[str, Any]) -> None:
         """Keep the decay that the run a checkpoint holds (``stored``, its schedule's saved attributes)
@@ -209,6 +249,8 @@ class WarmupDecaySchedule:
         checkpoint's. A run that changes the kind places its decay anew."""
         if stored.get("kind") == self.kind and stored.get("decay_start") is not None:
             self.decay_start, self.decay_end = stored["decay_start"], stored["decay_end"]
+            self.decay_start_seconds = stored.get("decay_start_seconds")
+            self.anchor_step, self.anchor_progress = stored.get("anchor_step"), stored.get("anchor_progress", 0.0)
 
 
 Schedule = NoamSchedule | WarmupDecaySchedule
