@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from aiayn.cli import report as report_cli
 from aiayn.config.compose import compose_run_config
 from aiayn.data.corpus import read_lines
 from aiayn.experiments.report.document import write_report
+from aiayn.scoring import paired_bootstrap
 from helpers.extras import dev_extra
 from helpers.wandb_records import offline_runs
 
@@ -34,11 +36,13 @@ def fake_run(
     ppl: float,
     params: int = 2_000_000,
     hypotheses: list[str] | None = None,
+    other_hypotheses: Mapping[str, list[str]] | None = None,
     **results: Any,
 ) -> Path:
     """A finished run's folder as aiayn-train leaves it: the resolved config and results.json (more
-    ``results``, e.g. ``evaluated``; without, as an older aiayn-train wrote it) and, given
-    ``hypotheses``, its test.hyp.txt."""
+    ``results``, e.g. ``evaluated`` or ``answer``; without, as an older aiayn-train wrote it) and, given
+    ``hypotheses``, its test.hyp.txt; ``other_hypotheses``: other checkpoints' test translations by file
+    name (test.ema.hyp.txt)."""
     folder.mkdir(parents=True)
     config = OmegaConf.create(composed(tuple(o for o in overrides if not o.startswith("seed="))))
     config.seed = config.data.seed = next(
@@ -48,8 +52,9 @@ def fake_run(
     scores = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
     (folder / "results.json").write_text(json.dumps({**scores, "wall_s": 420.0, "overrides": overrides, **results}))
     (folder / ".hydra").mkdir()
-    if hypotheses is not None:
-        (folder / "test.hyp.txt").write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
+    files = {**({"test.hyp.txt": hypotheses} if hypotheses is not None else {}), **(other_hypotheses or {})}
+    for name, lines in files.items():
+        (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return folder
 
 
@@ -245,3 +250,44 @@ def test_every_plotted_point_has_its_error_bar(tmp_path: Path, monkeypatch: pyte
     bleu, ppl = drawn  # every point has an error bar: the sample std over seeds, 0 for one seed
     assert bleu == {"sinusoidal": pytest.approx(1.41421356), "learned": pytest.approx(0.35355339), "none": 0.0}
     assert ppl == {"sinusoidal": 0.0, "learned": 0.0, "none": 0.0}  # the same perplexity for every seed
+
+
+def test_a_run_is_reported_by_its_answer_and_tested_on_its_answers_translations(
+    tmp_path: Path, corpus_root: Path
+) -> None:
+    references = read_lines(corpus_root / "test_2016_flickr.de")[:16]
+    worse = [line if i % 2 else "x" for i, line in enumerate(references)]  # half the sentences lost
+    tiny = ["model=tiny", f"data.root={corpus_root}", "data.eval_limit=16"]
+    sweep = tmp_path / "sweep"  # found in the order of the folders' names: the first row first
+    # the first row: a run from before answers were recorded (test_bleu 21, test.hyp.txt) and one whose
+    # answer is its evaluated checkpoint: one setting
+    fake_run(sweep / "1-base,1", [*tiny, "seed=1"], 20.0, 9.0, hypotheses=references)
+    evaluated = {"evaluated": "best", "answer": "best", "answer_test_bleu": 23.0}
+    fake_run(sweep / "1-base,2", [*tiny, "seed=2"], 22.0, 9.0, hypotheses=references, **evaluated)
+    # the EMA's answer: its test BLEU and translations, not the evaluated checkpoint's (test_bleu 21, as base)
+    for seed in (1, 2):
+        ema = {"evaluated": "best", "answer": "ema", "answer_test_bleu": 30.0 + seed}
+        overrides = [*tiny, "model.d_ff=64", f"seed={seed}"]
+        files = {"hypotheses": references, "other_hypotheses": {"test.ema.hyp.txt": worse}}
+        fake_run(sweep / f"2-ema,{seed}", overrides, 20.0, 9.0, **files, **ema)
+    # the same overrides answered by the averaged checkpoint: another setting, never averaged with the EMA's
+    averaged = {"evaluated": "best", "answer": "averaged", "answer_test_bleu": 25.0}
+    fake_run(sweep / "3-averaged,1", [*tiny, "model.d_ff=64", "seed=1"], 20.0, 9.0, hypotheses=references, **averaged)
+    markdown = write_report([sweep], sweep, data_root=corpus_root).markdown
+    rows = table_rows(markdown)
+    assert list(rows) == ["(as configured)", "model.d_ff=64 [answer=ema]", "model.d_ff=64 [answer=averaged]"]
+    _, ema_row, averaged_row = rows.values()
+    assert [(r["checkpoint"], r["answer"], r["seeds"]) for r in rows.values()] == [
+        ("best", "best", "2"),
+        ("best", "ema", "2"),
+        ("best", "averaged", "1"),
+    ]
+    assert [r["BLEU (test)"] for r in rows.values()] == ["22.00 ± 1.41 ‡", "31.50 ± 0.71 ‡", "25.00 ‡"]
+    assert [r["BLEU (val)"] for r in rows.values()] == ["21.00 ± 1.41", "20.00 ± 0.00", "20.00"]
+    # the EMA's translations of both seeds against the first row's: its test.hyp.txt, alike the first row's,
+    # would differ in nothing
+    expected = paired_bootstrap([("base", references * 2), ("ema", worse * 2)], references * 2).systems[1].p_value
+    assert expected < 0.05 and ema_row["p (test)"] == f"{expected:.4f}*"
+    assert averaged_row["p (test)"] == "-"
+    missing = sweep.resolve() / "3-averaged,1" / "test.averaged.hyp.txt"
+    assert f"p (test) of model.d_ff=64 [answer=averaged]: -, {missing} does not exist." in markdown

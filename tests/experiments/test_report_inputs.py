@@ -30,6 +30,7 @@ class _Removed:
 
 DELETE = _Removed()  # a field removed from a record
 FILES = ("config.yaml", "results.json", "test.hyp.txt", ".hydra/hydra.yaml")
+TESTED = "test.*.hyp.txt"  # the other tested checkpoints' translations (test.ema.hyp.txt), which the answer's may be
 
 
 def put(record: dict[str, Any], key: str, value: Any) -> None:
@@ -54,7 +55,7 @@ def copied_run(
 ) -> Path:
     """The smoke run's files in ``folder`` as the run of ``seed`` with validation BLEU ``bleu`` and more
     ``overrides``, its ``results`` and ``config`` fields (dotted keys) changed."""
-    for name in FILES:
+    for name in [*FILES, *(path.name for path in smoke.glob(TESTED))]:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(smoke / name, folder / name)
     stored = yaml.safe_load((folder / "config.yaml").read_text())
@@ -101,7 +102,8 @@ CONDITIONS = {  # name -> (the first seed's changes, the second seed's): (result
     ),
     "direction": (({}, {}), ({}, {"data.src_lang": "de", "data.tgt_lang": "en"})),
     "precision": (({}, {}), ({}, {"trainer.precision": "bf16-mixed"})),
-    "checkpoint": (({}, {}), ({"evaluated": "final"}, {})),
+    "checkpoint": (({"evaluated": "best", "answer": "ema"}, {}), ({"evaluated": "final", "answer": "ema"}, {})),
+    "answer": (({"evaluated": "best", "answer": "best"}, {}), ({"evaluated": "best", "answer": "ema"}, {})),
     "test sentences": (({"test_sentences": 16}, {}), ({"test_sentences": 8}, {})),
     "test sentences, one unknown": (({"test_sentences": 16}, {}), ({"test_sentences": DELETE}, {})),
 }
@@ -173,6 +175,11 @@ BAD_VALUES = [  # (file, dotted field, hostile value)
     ("results.json", "test_sentences", -1),
     ("results.json", "test_sentences", 0.5),
     ("results.json", "evaluated", "../../x"),
+    ("results.json", "answer", "evaluated"),  # aiayn-train names the evaluated checkpoint: best or final
+    ("results.json", "answer", "final"),  # not the evaluated one (best)
+    ("results.json", "answer", ["ema"]),
+    ("results.json", "answer_test_bleu", 101.0),
+    ("results.json", "answer_test_bleu", DELETE),
     ("results.json", "data_cache", "local://x"),
     ("results.json", "data_cache", "../cache"),
     ("results.json", "val_bleu", DELETE),

@@ -2,8 +2,8 @@
 
 Writes ``report.md`` and ``bleu_ppl_vs_<axis>.png`` into ``--out`` (default: the first folder given) and
 prints the table, with each setting's test BLEU tested against the first row's (sacreBLEU's paired
-bootstrap on the runs' ``test.hyp.txt``, paired by seed; the test references are read from the corpus
-folder ``--data-root`` names, never from where a run's config says). With W&B online (logged in, or
+bootstrap on the test translations of the runs' answers, paired by seed; the test references are read
+from the corpus folder ``--data-root`` names, never from where a run's config says). With W&B online (logged in, or
 ``--wandb online``) it also logs the table and the plots to a W&B run of job type ``report``, whose files
 go into ``--out`` too.
 

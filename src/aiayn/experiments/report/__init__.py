@@ -7,8 +7,9 @@ size).
 Run folders are shared and copied, so what they hold is read as untrusted data:
 
 - a setting is keyed by its overrides and by what else defines a run (:class:`Conditions`: the corpus and
-  its fingerprint, the direction, the precision, the checkpoint scored, the number of test sentences):
-  runs that differ in any of these are never averaged together;
+  its fingerprint, the direction, the precision, the checkpoint validated, the run's answer (the checkpoint
+  its test BLEU and test translations are of), the number of test sentences): runs that differ in any of
+  these are never averaged together;
 - every field the report reads from a ``results.json``, ``config.yaml``, ``.hydra/hydra.yaml`` or
   ``sweep.json`` is checked (type and range) and only plain files are read, never through a link; a file
   that fails is skipped with one warning line naming it and the field, or refused (:class:`DataError`)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.experiments.report.plots import plot
-from aiayn.experiments.report.runs import CONDITION_NAMES, failed_trials, find_runs
+from aiayn.experiments.report.runs import ANSWER_HYPOTHESES, CONDITION_NAMES, TEST_HYPOTHESES, failed_trials, find_runs
 from aiayn.experiments.report.settings import group_settings, varying
-from aiayn.experiments.report.significance import SIGNIFICANT, TEST_HYPOTHESES, significance
+from aiayn.experiments.report.significance import SIGNIFICANT, significance
 from aiayn.experiments.report.table import PARTIAL, Table, scored_on_final, table_of
 from aiayn.files import atomic_write
 from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed
@@ -50,13 +50,15 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         f"# Report: {', '.join(str(p) for p in paths)}",
         "",
         f"{len(found.runs)} finished run(s) in {len(settings)} setting(s). PPL and BLEU on the validation split "
-        "(Table 3 uses newstest2013) and BLEU on the test split, from the checkpoint named in the checkpoint column "
-        "(best: the best by validation; final: the last of training), beam search, no averaging; mean ± sample "
-        f"std over seeds.{best} Blank: as the first row. Paper: Vaswani et al. (2017) Table 3 (WMT14 En-De, "
+        "(Table 3 uses newstest2013) from the checkpoint named in the checkpoint column (best: the best by "
+        "validation; final: the last of training), BLEU on the test split from the run's answer, the checkpoint "
+        "named in the answer column (best or final: that one; averaged: the mean of the newest step checkpoints' "
+        "weights; ema: the exponential moving average of the weights), beam search; mean ± sample std over "
+        f"seeds.{best} Blank: as the first row. Paper: Vaswani et al. (2017) Table 3 (WMT14 En-De, "
         "tokenized BLEU).",
         "",
-        "A setting's runs differ only in their seed: runs of another corpus, direction, precision, checkpoint "
-        "or number of test sentences are other settings (in brackets after the setting where settings differ)."
+        "A setting's runs differ only in their seed: runs of another corpus, direction, precision, checkpoint, "
+        "answer or number of test sentences are other settings (in brackets after the setting where settings differ)."
         + (f" Every row: {'; '.join(same)}." if same else ""),
         f"test sentences: how many the test BLEU is of (results.json's test_sentences; ?: not recorded). "
         f"first N and {PARTIAL}: only the first N sentences of the test split (data.eval_limit), not "
@@ -64,12 +66,13 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         "",
         f"p (test): sacreBLEU's paired bootstrap resampling ({BOOTSTRAP_SAMPLES} resamples, seed "
         f"{seed if seed is not None else 'unfixed'}) of the setting's test BLEU against the first row's. Runs are "
-        f"paired by seed (the seeds both settings have): each setting's {TEST_HYPOTHESES} of those seeds are "
-        "concatenated in seed order and scored against the test references repeated as many times; the "
-        "references are read from the corpus folder given with --data-root, never from where a run's config "
-        f"says. {SIGNIFICANT}: p < {SIGNIFICANCE_LEVEL}, a difference chance alone rarely makes; p ≥ "
-        f"{SIGNIFICANCE_LEVEL} means not significant: the difference may be chance. -: no test, for the reason "
-        "below the table.",
+        "paired by seed (the seeds both settings have): each setting's test translations of those seeds, its "
+        f"answer's ({TEST_HYPOTHESES} of best or final, {ANSWER_HYPOTHESES['averaged']}, "
+        f"{ANSWER_HYPOTHESES['ema']}), are concatenated in seed order and scored against the test references "
+        "repeated as many times; the references are read from the corpus folder given with --data-root, never "
+        f"from where a run's config says. {SIGNIFICANT}: p < {SIGNIFICANCE_LEVEL}, a difference chance alone "
+        f"rarely makes; p ≥ {SIGNIFICANCE_LEVEL} means not significant: the difference may be chance. -: no "
+        "test, for the reason below the table.",
         "",
         table.markdown(),
     ]

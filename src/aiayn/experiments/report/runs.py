@@ -22,6 +22,7 @@ from aiayn.experiments.report.records import (
     is_name,
     is_overrides,
     is_text,
+    malformed,
     number_in,
     optional,
     read_record,
@@ -36,6 +37,12 @@ RESULTS, CONFIG = "results.json", "config.yaml"
 HYDRA_RECORD = Path(".hydra") / "hydra.yaml"
 RUN_SUBFOLDERS = {".hydra", "checkpoints", "csv", "wandb"}  # hold no runs: not walked
 EVALUATED = ("best", "final", "averaged")  # results.json's "evaluated": the checkpoint val_* and test_* are of
+# results.json's "answer" (aiayn.experiments.run.run_answer): the tested checkpoint a run answers with, the
+# evaluated one by its name (best or final), or the average or the EMA of the weights.
+ANSWERS = ("best", "final", "averaged", "ema")
+TEST_HYPOTHESES = "test.hyp.txt"  # the evaluated checkpoint's test translations, in corpus order
+# The kind of a run's answer (checkpoint.answer's) -> the file of its test translations (aiayn.experiments.run).
+ANSWER_HYPOTHESES = {"evaluated": TEST_HYPOTHESES, "averaged": "test.averaged.hyp.txt", "ema": "test.ema.hyp.txt"}
 BLEU = (number_in(0, 100), "must be a BLEU score from 0 to 100")
 # The fields of results.json the report reads: (key, check, what it must be, default; none: required).
 RESULT_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
@@ -44,6 +51,8 @@ RESULT_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
     ("val_bleu", *BLEU, MISSING),
     ("val_ppl", number_in(1, 1e30, diverged=True), "must be a perplexity (Infinity or NaN: diverged)", MISSING),
     ("test_bleu", *BLEU, None),
+    ("answer", lambda v: v in ANSWERS, f"must be one of {', '.join(ANSWERS)}", None),
+    ("answer_test_bleu", optional(BLEU[0]), BLEU[1] + " or null", None),
     ("best_val_bleu", optional(BLEU[0]), BLEU[1] + " or null", None),
     ("wall_s", number_in(0, 1e10), "must be seconds (a number of at least 0)", None),
     ("evaluated", lambda v: v in EVALUATED, f"must be one of {', '.join(EVALUATED)}", "best"),
@@ -88,12 +97,16 @@ class Conditions:
     corpus: str  # results.json's data_cache (the corpus digest and vocabulary), else the stored corpus section
     direction: str  # <src_lang>-<tgt_lang>
     precision: str  # trainer.precision
-    checkpoint: str  # results.json's evaluated
+    checkpoint: str  # results.json's evaluated: the checkpoint val_* are of
+    answer: str  # the checkpoint the test BLEU and translations are of: evaluated (the above), averaged or ema
     test_sentences: int | None  # the test sentences test_bleu was computed on
     corpus_name: str = field(default="", compare=False)  # the corpus for a reader
 
     def described(self, key: str) -> str:
+        """A condition for a reader: an answer that is the evaluated checkpoint by that checkpoint's name."""
         value = self.corpus_name or self.corpus if key == "corpus" else getattr(self, key)
+        if key == "answer" and value == "evaluated":
+            value = self.checkpoint
         return "unknown" if value is None else str(value)
 
 
@@ -102,6 +115,7 @@ CONDITION_NAMES = {  # how a label and the text name each condition
     "direction": "direction",
     "precision": "precision",
     "checkpoint": "checkpoint",
+    "answer": "answer",
     "test_sentences": "test sentences",
 }
 TESTED_ON = ("corpus", "direction", "test_sentences")  # the conditions a paired test needs equal
@@ -109,7 +123,8 @@ TESTED_ON = ("corpus", "direction", "test_sentences")  # the conditions a paired
 
 @dataclass
 class Run:
-    """A finished run: its folder, Table 3's columns of its config, its results."""
+    """A finished run: its folder, Table 3's columns of its config, its checked results (``results``: the
+    fields of :data:`RESULT_FIELDS`, ``answer_test_bleu`` the test BLEU the report shows)."""
 
     folder: Path
     overrides: tuple[str, ...]  # what defines it, sorted, without the seed
@@ -118,14 +133,19 @@ class Run:
     family: str | None
     results: dict[str, Any]
     data: dict[str, Any] = field(default_factory=dict)  # the config's data section: where the corpus is
-    conditions: Conditions = Conditions("unknown", "unknown", "unknown", "best", None)
+    conditions: Conditions = Conditions("unknown", "unknown", "unknown", "best", "evaluated", None)
     eval_limit: int | None = None  # data.eval_limit: the first N validation and test sentences only
 
     @property
     def evaluated(self) -> str:
-        """Which checkpoint val_*, test_* and test.hyp.txt come from: ``best`` or ``final`` (results.json's
-        ``evaluated``; runs from before it was recorded were scored on their best checkpoint)."""
+        """Which checkpoint val_* come from: ``best`` or ``final`` (results.json's ``evaluated``; runs from
+        before it was recorded were scored on their best checkpoint)."""
         return self.conditions.checkpoint
+
+    @property
+    def hypotheses(self) -> str:
+        """The file of the test translations of the run's answer (which its test BLEU is of), in corpus order."""
+        return ANSWER_HYPOTHESES[self.conditions.answer]
 
     @property
     def partial_test(self) -> bool:
@@ -142,6 +162,7 @@ def read_run(folder: Path) -> Run:
         raise DataError(f"{folder / RESULTS}: no {CONFIG} beside it; it is not a run of aiayn-train")
     results = read_record(folder / RESULTS)
     checked = {key: field_of(results, key, folder / RESULTS, *check) for key, *check in RESULT_FIELDS}
+    answer = answer_of(checked, results, folder / RESULTS)
     config = read_record(folder / CONFIG)
     columns = [field_of(config, key, folder / CONFIG, *COLUMN_FIELDS.get(key, ANY_COLUMN)) for _, key in COLUMNS]
     stored = {key: field_of(config, key, folder / CONFIG, *check) for key, *check in CONFIG_FIELDS}
@@ -154,18 +175,42 @@ def read_run(folder: Path) -> Run:
         seed=stored["seed"],
         columns=dict(zip([heading for heading, _ in COLUMNS], columns, strict=True)),
         family=family_of(folder, stored["name"]),
-        results=results,
+        results=checked,
         data=data,
         conditions=Conditions(
             corpus=corpus,
             direction=f"{stored['data.src_lang'] or '?'}-{stored['data.tgt_lang'] or '?'}",
             precision=str(stored["trainer.precision"] or "unknown"),
             checkpoint=checked["evaluated"],
+            answer=answer,
             test_sentences=checked["test_sentences"],
             corpus_name=corpus_name,
         ),
         eval_limit=stored["data.eval_limit"],
     )
+
+
+def answer_of(checked: dict[str, Any], results: Mapping[str, Any], path: Path) -> str:
+    """The kind of the run's answer (a key of :data:`ANSWER_HYPOTHESES`), once its ``answer`` and
+    ``answer_test_bleu`` (the test BLEU the report shows) in ``checked`` are checked against the rest, or
+    filled in for a run from before answers were recorded: that one answers with its evaluated checkpoint
+    (``test_bleu``). aiayn-train names an evaluated answer by the checkpoint evaluated, and always writes
+    its BLEU (null without a test split)."""
+    answer = checked["answer"]
+    if answer is None:
+        checked["answer_test_bleu"] = checked["test_bleu"]
+        return "evaluated"
+    if answer in ("averaged", "ema"):
+        kind = answer
+    elif answer == checked["evaluated"]:
+        kind = "evaluated"
+    else:
+        raise malformed(
+            path, "answer", answer, f"must be averaged, ema or the evaluated checkpoint, {checked['evaluated']}"
+        )
+    if "answer_test_bleu" not in results:
+        raise DataError(f"{path}: no answer_test_bleu beside answer; it is not as aiayn-train writes it")
+    return kind
 
 
 def corpus_of(data_cache: str | None, data: Mapping[str, Any]) -> tuple[str, str]:

@@ -47,8 +47,14 @@ class Setting:
         return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
 
     def evaluated(self) -> str:
-        """The checkpoint the runs' numbers come from: ``best`` or ``final`` (all runs of a setting share it)."""
+        """The checkpoint the runs' validation numbers come from: ``best`` or ``final`` (all runs of a
+        setting share it)."""
         return self.conditions.checkpoint
+
+    def answer(self) -> str:
+        """The checkpoint the runs' test BLEU comes from, their answer: ``best``, ``final``, ``averaged`` or
+        ``ema`` (all runs of a setting share it)."""
+        return self.conditions.described("answer")
 
     @property
     def partial_test(self) -> bool:
@@ -99,10 +105,10 @@ def varying(settings: Sequence[Setting]) -> list[str]:
 
 def labelled(settings: Sequence[Setting]) -> None:
     """Labels that tell settings apart: the corpus, direction and precision where they vary (no column
-    shows them); the checkpoint and test sentences (columns show them) where two labels would be alike;
-    a number where they still are."""
+    shows them); the checkpoint, answer and test sentences (columns show them) where two labels would be
+    alike; a number where they still are."""
     differ = varying(settings)
-    always = [key for key in differ if key not in ("checkpoint", "test_sentences")]
+    always = [key for key in differ if key not in ("checkpoint", "answer", "test_sentences")]
     alike: dict[str, int] = {}
     for setting in settings:
         alike[setting.label] = alike.get(setting.label, 0) + 1

@@ -18,7 +18,6 @@ from aiayn.experiments.report.settings import Setting, ordered
 from aiayn.scoring import SIGNIFICANCE_LEVEL, paired_bootstrap
 
 SIGNIFICANT = "*"  # after a p-value below SIGNIFICANCE_LEVEL
-TEST_HYPOTHESES = "test.hyp.txt"  # a run's test translations, in corpus order (results.json's "evaluated")
 
 
 class Unpaired(Exception):
@@ -35,7 +34,8 @@ class RunTexts:
 
     @staticmethod
     def hypotheses(run: Run) -> list[str]:
-        path = run.folder / TEST_HYPOTHESES
+        """The test translations of ``run``'s answer (the checkpoint its test BLEU is of)."""
+        path = run.folder / run.hypotheses
         try:
             status = path.lstat()
         except FileNotFoundError:
@@ -105,7 +105,7 @@ def readable_section(run: Run, data_root: Path) -> dict[str, Any]:
 
 
 def tested_references(run: Run, data_root: Path) -> list[str]:
-    """The references ``run``'s ``test.hyp.txt`` was scored against: the test split of its corpus, read
+    """The references ``run``'s test translations were scored against: the test split of its corpus, read
     from ``data_root`` (:func:`readable_section`), built only from aiayn's own classes (as aiayn-eval
     builds a checkpoint's), cut to the run's ``eval_limit`` as its training cut it."""
     if "_target_" not in run.data:
@@ -123,10 +123,10 @@ def tested_references(run: Run, data_root: Path) -> list[str]:
 def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | str:
     """The p-value of sacreBLEU's paired bootstrap of ``setting``'s test BLEU against ``base``'s, or why
     there is none. Runs are paired by seed (the seeds both settings have); each setting's test
-    hypotheses of those seeds are concatenated in seed order and scored against the test references,
-    repeated once per seed, so every seed's translations count and each sentence is paired with the
-    same seed's translation of it. Settings tested on another corpus, direction or number of test
-    sentences are not compared."""
+    hypotheses of those seeds (their answer's, which its test BLEU is of) are concatenated in seed order
+    and scored against the test references, repeated once per seed, so every seed's translations count
+    and each sentence is paired with the same seed's translation of it. Settings tested on another
+    corpus, direction or number of test sentences are not compared."""
     for key in TESTED_ON:
         ours, theirs = base.conditions.described(key), setting.conditions.described(key)
         if ours != theirs:
@@ -147,7 +147,7 @@ def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | 
             for tested, lines in zip((first, run), hypotheses, strict=True):
                 if len(lines) != len(refs):
                     raise Unpaired(
-                        f"{tested.folder / TEST_HYPOTHESES} has {len(lines)} lines for {len(refs)} test references"
+                        f"{tested.folder / tested.hypotheses} has {len(lines)} lines for {len(refs)} test references"
                     )
             baseline += hypotheses[0]
             system += hypotheses[1]

@@ -39,15 +39,16 @@ class Table:
 
 def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None) -> Table:
     """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params,
-    the checkpoint scored, PPL and BLEU (mean ± std over seeds; with the best validation BLEU when a run is
-    scored on its final checkpoint), the test sentences the test BLEU is of (:data:`PARTIAL` after a test
-    BLEU of part of the split), the p-value of the test BLEU against the first row's
-    (:func:`significance`), steps and wall time; the paper's PPL and BLEU where the setting is its row."""
+    the checkpoint validated and the one tested (the runs' answer), PPL and BLEU (mean ± std over seeds;
+    with the best validation BLEU when a run is scored on its final checkpoint), the test sentences the
+    test BLEU is of (:data:`PARTIAL` after a test BLEU of part of the split), the p-value of the test BLEU
+    against the first row's (:func:`significance`), steps and wall time; the paper's PPL and BLEU where
+    the setting is its row."""
     base, *_ = settings = ordered(settings)
     p_values = p_values or {}
     best = scored_on_final(settings)
     headings = [
-        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "PPL (val)",
+        "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "answer", "PPL (val)",
         "BLEU (val)", *(["BLEU (val, best)"] if best else []), "BLEU (test)", "test sentences", "p (test)",
         "minutes", "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
     ]  # fmt: skip
@@ -61,7 +62,7 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
         steps = setting.mean("steps")
         wall = setting.mean("wall_s")
         paper = PAPER.get(setting.paper_row or "")
-        test_bleu = setting.spread("test_bleu")
+        test_bleu = setting.spread("answer_test_bleu")
         cells = [
             setting.label,
             *changed,
@@ -69,6 +70,7 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
             str(len(setting.runs)),
             f"{steps:.0f}" if steps is not None else "-",
             setting.evaluated(),
+            setting.answer(),
             setting.spread("val_ppl"),
             setting.spread("val_bleu"),
             *([setting.spread("best_val_bleu")] if best else []),
