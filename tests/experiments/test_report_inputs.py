@@ -130,6 +130,17 @@ def test_runs_that_differ_in_what_defines_a_run_are_never_averaged(
     assert row["seeds"] == "2" and row["BLEU (val)"] == "20.00 ± 14.14" and "[" not in label
 
 
+def test_runs_of_the_same_overrides_but_another_model_are_never_averaged(smoke_run_dir: Path, tmp_path: Path) -> None:
+    # Both ran `aiayn-train` on its defaults, once before the default dropout changed and once after.
+    for seed, dropout, bleu in ((1, 0.1, 10.0), (1, 0.3, 30.0), (2, 0.3, 20.0)):
+        copied_run(
+            smoke_run_dir, tmp_path / "runs" / f"p{dropout}-s{seed}", seed, bleu, config={"model.dropout": dropout}
+        )
+    rows = table_rows(write_report([tmp_path / "runs"], tmp_path / "out").markdown)
+    by_dropout = {row["P_drop"]: (row["seeds"], row["BLEU (val)"]) for row in rows.values()}
+    assert by_dropout == {"0.1": ("1", "10.00"), "0.3": ("2", "25.00 ± 7.07")}, rows
+
+
 @pytest.mark.parametrize(
     ("eval_limit", "test_sentences", "cell", "partial"),
     [

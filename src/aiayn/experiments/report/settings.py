@@ -71,15 +71,16 @@ class Setting:
 
 
 def group_settings(runs: Sequence[Run]) -> list[Setting]:
-    """Runs grouped by their overrides without the seed and by their :class:`Conditions`: runs that differ
-    in either are never merged. A setting's label leaves out the overrides all runs share (a sweep's fixed
+    """Runs grouped by their overrides without the seed, by their :class:`Conditions` and by Table 3's
+    columns of their configs: runs that differ in any are never merged (the same overrides train another
+    model once the defaults change). A setting's label leaves out the overrides all runs share (a sweep's fixed
     arguments) and adds the conditions that differ between settings. Settings that are Table 3 rows get
     the row's name."""
     shared = set.intersection(*(set(run.overrides) for run in runs)) if runs else set()
-    settings: dict[tuple[tuple[str, ...], Conditions], Setting] = {}
+    settings: dict[tuple[tuple[str, ...], Conditions, tuple[Any, ...]], Setting] = {}
     for run in runs:  # in the order found: the table's order after the paper's rows
         own = tuple(o for o in run.overrides if o not in shared)
-        key = (own, run.conditions)
+        key = (own, run.conditions, tuple(map(repr, run.columns.values())))
         setting = settings.setdefault(key, Setting(" ".join(own) or "(as configured)", run.columns, run.conditions))
         same = next((other for other in setting.runs if run.seed is not None and other.seed == run.seed), None)
         if same is None:
