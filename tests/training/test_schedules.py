@@ -168,18 +168,15 @@ def batches(count: int = 4) -> DataLoader:
     return DataLoader(made, batch_size=None)
 
 
-@pytest.mark.parametrize("kind", ["cosine", "wsd"])
-@pytest.mark.parametrize("seconds_per_step", [1.0, 2.5])
-def test_a_time_bound_run_ends_at_min_lr_at_the_end_of_its_budget_whatever_its_speed(
-    kind: str, seconds_per_step: float
-) -> None:
-    module = tiny_module(schedule=kind, lr=0.01, min_lr=0.001, warmup=4, decay_fraction=0.5)
+def clocked_fit(module: TranslationModule, clock: SimulatedClock) -> tuple[pl.Trainer, LearningRates]:
+    """``module`` trained on :func:`batches` until ``clock`` runs out (max_steps is far), no validation; the
+    trainer and the learning rate of every step."""
     rates = LearningRates()
     trainer = pl.Trainer(
         accelerator="cpu",
         max_steps=1000,
         max_epochs=-1,
-        callbacks=[SimulatedClock(60, seconds_per_step), rates],
+        callbacks=[clock, rates],
         limit_val_batches=0,
         logger=False,
         enable_checkpointing=False,
@@ -187,6 +184,16 @@ def test_a_time_bound_run_ends_at_min_lr_at_the_end_of_its_budget_whatever_its_s
         enable_model_summary=False,
     )
     trainer.fit(module, train_dataloaders=batches())
+    return trainer, rates
+
+
+@pytest.mark.parametrize("kind", ["cosine", "wsd"])
+@pytest.mark.parametrize("seconds_per_step", [1.0, 2.5])
+def test_a_time_bound_run_ends_at_min_lr_at_the_end_of_its_budget_whatever_its_speed(
+    kind: str, seconds_per_step: float
+) -> None:
+    module = tiny_module(schedule=kind, lr=0.01, min_lr=0.001, warmup=4, decay_fraction=0.5)
+    trainer, rates = clocked_fit(module, SimulatedClock(60, seconds_per_step))
     steps = round(60 / seconds_per_step)  # 60 or 24 steps in the 60 seconds
     assert trainer.global_step == len(rates.applied) == steps  # the clock ended the run, not max_steps
     # cosine decays from the end of warmup; wsd over the last half of the time, projected at its start.
@@ -204,19 +211,7 @@ def test_a_time_bound_run_with_a_slow_start_reaches_the_floor_at_its_last_step(m
     # the decay would end at step 10 and the run would train its last 30 steps at the floor.
     monkeypatch.setattr(schedule_module, "REPROJECT_EVERY", 5)
     module = tiny_module(schedule="linear", lr=0.01, min_lr=0.001, warmup=4)
-    rates = LearningRates()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=1000,
-        max_epochs=-1,
-        callbacks=[SimulatedClock(60, 1.0, start_up=20.0), rates],
-        limit_val_batches=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(module, train_dataloaders=batches())
+    trainer, rates = clocked_fit(module, SimulatedClock(60, 1.0, start_up=20.0))
     assert trainer.global_step == len(rates.applied) == 40
     stored = trainer.lr_scheduler_configs[0].scheduler.state_dict()["lr_lambdas"][0]
     assert (stored["decay_start"], stored["decay_start_seconds"], stored["decay_end"]) == (4, 24.0, 40)
