@@ -29,6 +29,10 @@ from typing import IO
 
 from aiayn.errors import DataError, RunFolderBusy
 
+# A run folder's test translations, by the checkpoint tested (checkpoint.answer's kinds): aiayn-train writes
+# them, aiayn-report pairs them.
+TEST_TRANSLATIONS = {"evaluated": "test.hyp.txt", "averaged": "test.averaged.hyp.txt", "ema": "test.ema.hyp.txt"}
+
 LOCK_FILE = "run.lock"
 # What flock and fsync raise where the file system does not have them (NFS without its lock service,
 # some FUSE and SMB mounts), as opposed to a lock that is taken or a disk that failed.

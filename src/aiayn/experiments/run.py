@@ -30,7 +30,7 @@ from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.experiments.resume import resume_from
 from aiayn.experiments.run_info import log_run_config
-from aiayn.files import atomic_write, run_folder_held
+from aiayn.files import TEST_TRANSLATIONS, atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
 from aiayn.training.batching import batch_layout, configure_batching
@@ -335,7 +335,7 @@ def test_checkpoint(
     """``checkpoint``'s test scores (``test.hyp.txt`` holds its translations); none without a test split."""
     if "test" not in datamodule.roles:
         return {}
-    test, scores = test_and_score(trainer, module, datamodule, checkpoint, run_dir / "test.hyp.txt")
+    test, scores = test_and_score(trainer, module, datamodule, checkpoint, run_dir / TEST_TRANSLATIONS["evaluated"])
     return {
         "test_bleu": scores["sacrebleu"],
         "test_chrf": scores["chrf"],
@@ -358,7 +358,7 @@ def test_averaged(
     if trainer.is_global_zero:
         save_checkpoint(average_checkpoints(sources), averaged)
     trainer.strategy.barrier("averaged checkpoint written")
-    _, scores = test_and_score(trainer, module, datamodule, averaged, run_dir / "test.averaged.hyp.txt")
+    _, scores = test_and_score(trainer, module, datamodule, averaged, run_dir / TEST_TRANSLATIONS["averaged"])
     return {
         "test_bleu_averaged": scores["sacrebleu"],
         "test_chrf_averaged": scores["chrf"],
@@ -380,7 +380,7 @@ def test_ema(
     trainer.strategy.barrier("EMA checkpoint written")
     if "test" not in datamodule.roles:
         return {}
-    _, scores = test_and_score(trainer, module, datamodule, path, run_dir / "test.ema.hyp.txt")
+    _, scores = test_and_score(trainer, module, datamodule, path, run_dir / TEST_TRANSLATIONS["ema"])
     return {"test_bleu_ema": scores["sacrebleu"], "test_chrf_ema": scores["chrf"]}
 
 

@@ -231,15 +231,16 @@ class TranslationModule(pl.LightningModule):
         the run; steps are the same on every rank."""
         schedule, done = scheduler.lr_lambdas[0], scheduler.last_epoch + 1  # the steps done, as the schedule counts
         if isinstance(schedule, WarmupDecaySchedule) and schedule.kind in DECAYING:
-            budget = self._budget()
             if schedule.decay_start is None:
+                budget = self._budget()
                 end = budget.end(done) if schedule.decay_due(done, budget) else None
                 if budget.seconds is not None:
                     end = self.trainer.strategy.broadcast(end)
                 if end is not None:
                     schedule.place_decay(done, end, budget.elapsed if budget.seconds is not None else None)
-            elif schedule.reproject_due(done, budget):
-                schedule.reproject(done, self.trainer.strategy.broadcast(budget.end(done, schedule.rate_since())))
+            elif schedule.reproject_due(done, self._budget):
+                end = self._budget().end(done, schedule.rate_since())
+                schedule.reproject(done, self.trainer.strategy.broadcast(end))
         scheduler.step()
 
     def configure_optimizers(self) -> dict[str, Any]:

@@ -14,7 +14,7 @@ schedule, so that a resumed run continues the same curve."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -225,11 +225,14 @@ class WarmupDecaySchedule:
         self.decay_start, self.decay_end, self.decay_start_seconds = done, end, seconds
         self.anchor_step, self.anchor_progress = done, 0.0
 
-    def reproject_due(self, done: int, budget: Budget) -> bool:
+    def reproject_due(self, done: int, budget: Callable[[], Budget]) -> bool:
         """Whether to project the decay's end again after ``done`` steps: every :data:`REPROJECT_EVERY`
-        steps of a placed decay under a time limit, until the floor is reached (a step limit is exact)."""
+        steps of a placed decay under a time limit, until the floor is reached (a step limit is exact).
+        ``budget`` gives the run's limits; it is asked only on those steps, not on every step."""
         placed = self.decay_start is not None and self.decay_end is not None and done > self.decay_start
-        return placed and budget.seconds is not None and done % REPROJECT_EVERY == 0 and self.decayed(done) < 1.0
+        if not placed or done % REPROJECT_EVERY != 0 or self.decayed(done) >= 1.0:
+            return False
+        return budget().seconds is not None
 
     def reproject(self, done: int, end: int) -> None:
         """Move the decay's end to ``end`` (after ``done``), going on from where the decay stands after

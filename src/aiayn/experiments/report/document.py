@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.experiments.report.plots import plot
-from aiayn.experiments.report.runs import ANSWER_HYPOTHESES, CONDITION_NAMES, TEST_HYPOTHESES, failed_trials, find_runs
+from aiayn.experiments.report.runs import CONDITION_NAMES, failed_trials, find_runs
 from aiayn.experiments.report.settings import group_settings, varying
 from aiayn.experiments.report.significance import SIGNIFICANT, significance
 from aiayn.experiments.report.table import PARTIAL, Table, scored_on_final, table_of
-from aiayn.files import atomic_write
+from aiayn.files import TEST_TRANSLATIONS, atomic_write
 from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed
 
 
@@ -67,8 +67,8 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         f"p (test): sacreBLEU's paired bootstrap resampling ({BOOTSTRAP_SAMPLES} resamples, seed "
         f"{seed if seed is not None else 'unfixed'}) of the setting's test BLEU against the first row's. Runs are "
         "paired by seed (the seeds both settings have): each setting's test translations of those seeds, its "
-        f"answer's ({TEST_HYPOTHESES} of best or final, {ANSWER_HYPOTHESES['averaged']}, "
-        f"{ANSWER_HYPOTHESES['ema']}), are concatenated in seed order and scored against the test references "
+        f"answer's ({TEST_TRANSLATIONS['evaluated']} of best or final, {TEST_TRANSLATIONS['averaged']}, "
+        f"{TEST_TRANSLATIONS['ema']}), are concatenated in seed order and scored against the test references "
         "repeated as many times; the references are read from the corpus folder given with --data-root, never "
         f"from where a run's config says. {SIGNIFICANT}: p < {SIGNIFICANCE_LEVEL}, a difference chance alone "
         f"rarely makes; p ≥ {SIGNIFICANCE_LEVEL} means not significant: the difference may be chance. -: no "

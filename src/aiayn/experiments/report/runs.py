@@ -30,6 +30,7 @@ from aiayn.experiments.report.records import (
 )
 from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
+from aiayn.files import TEST_TRANSLATIONS
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,6 @@ EVALUATED = ("best", "final", "averaged")  # results.json's "evaluated": the che
 # results.json's "answer" (aiayn.experiments.run.run_answer): the tested checkpoint a run answers with, the
 # evaluated one by its name (best or final), or the average or the EMA of the weights.
 ANSWERS = ("best", "final", "averaged", "ema")
-TEST_HYPOTHESES = "test.hyp.txt"  # the evaluated checkpoint's test translations, in corpus order
-# The kind of a run's answer (checkpoint.answer's) -> the file of its test translations (aiayn.experiments.run).
-ANSWER_HYPOTHESES = {"evaluated": TEST_HYPOTHESES, "averaged": "test.averaged.hyp.txt", "ema": "test.ema.hyp.txt"}
 BLEU = (number_in(0, 100), "must be a BLEU score from 0 to 100")
 # The fields of results.json the report reads: (key, check, what it must be, default; none: required).
 RESULT_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
@@ -145,7 +143,7 @@ class Run:
     @property
     def hypotheses(self) -> str:
         """The file of the test translations of the run's answer (which its test BLEU is of), in corpus order."""
-        return ANSWER_HYPOTHESES[self.conditions.answer]
+        return TEST_TRANSLATIONS[self.conditions.answer]
 
     @property
     def partial_test(self) -> bool:
@@ -191,7 +189,7 @@ def read_run(folder: Path) -> Run:
 
 
 def answer_of(checked: dict[str, Any], results: Mapping[str, Any], path: Path) -> str:
-    """The kind of the run's answer (a key of :data:`ANSWER_HYPOTHESES`), once its ``answer`` and
+    """The kind of the run's answer (a key of :data:`~aiayn.files.TEST_TRANSLATIONS`), once its ``answer`` and
     ``answer_test_bleu`` (the test BLEU the report shows) in ``checked`` are checked against the rest, or
     filled in for a run from before answers were recorded: that one answers with its evaluated checkpoint
     (``test_bleu``). aiayn-train names an evaluated answer by the checkpoint evaluated, and always writes
