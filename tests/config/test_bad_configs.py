@@ -32,7 +32,7 @@ BAD_CONFIGS = [
     (["model.attn_dropout=-0.1"], "model.attn_dropout", "-0.1"),
     (["model.activation_dropout=1"], "model.activation_dropout", "1"),
     (["checkpoint.answer=last"], "checkpoint.answer", "last"),
-    (["checkpoint.answer=ema"], "checkpoint.answer", "ema"),  # no ema.decay
+    (["checkpoint.answer=ema", "ema.decay=null"], "checkpoint.answer", "ema"),  # no EMA to answer with
     (["checkpoint.answer=averaged", "checkpoint.average_last=1"], "checkpoint.answer", "averaged"),
     (["model.positional=alibi"], "model.positional", "alibi"),
     (["+model.heads=4"], "model.heads", "4"),

@@ -16,7 +16,7 @@ import yaml
 
 from aiayn.training.checkpoints import BATCH_KEY, RUN_KEY
 from aiayn.training.metrics import drop_metrics_from
-from aiayn.training.schedule import NoamSchedule
+from aiayn.training.schedule import NoamSchedule, WarmupDecaySchedule
 from helpers.runs import SMOKE_RUN_EXTRA, copy_of, smoke_run, train_in_process
 
 
@@ -85,7 +85,8 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     run_dir = copy_of(smoke_run_dir, tmp_path)
-    argv = [*continued(corpus_root, cache_dir, "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")]
+    changed = ("optim.schedule=noam", "optim.lr=null", "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")
+    argv = [*continued(corpus_root, cache_dir, *changed)]
     with caplog.at_level(logging.WARNING):
         assert train_in_process([*argv, f"hydra.run.dir={run_dir}", "resume=true"], monkeypatch) == 0
     assert "optim.warmup=10 → 3" in caplog.text and "optim.lr_scale=1.0 → 2.0" in caplog.text
@@ -93,7 +94,9 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     assert config["optim"]["warmup"] == 3 and config["optim"]["lr_scale"] == 2.0
     with open(run_dir / "csv" / "metrics.csv", newline="") as rows:
         logged = {int(row["step"]): float(row["train/lr"]) for row in csv.DictReader(rows) if row.get("train/lr")}
-    new, old = NoamSchedule(config["model"]["d_model"], 3, 2.0), NoamSchedule(config["model"]["d_model"], 10, 1.0)
+    # The smoke run's: the default linear decay, from 0.003 after its 10 warmup steps to 0 at its 12th.
+    new, old = NoamSchedule(config["model"]["d_model"], 3, 2.0), WarmupDecaySchedule("linear", 0.003, 10)
+    old.place_decay(10, 12)
     resumed = {step: lr for step, lr in logged.items() if step > 12}
     assert resumed and all(lr == pytest.approx(new(step)) for step, lr in resumed.items()), resumed
     before = {step: lr for step, lr in logged.items() if step <= 12}

@@ -46,6 +46,7 @@ def resumable_run(
         "decoding=greedy",
         "dashboard.attention_every=0",
         "checkpoint.average_last=0",
+        "checkpoint.average_every=null",  # step checkpoints at the validations the test sets
         f"trainer.log_every_n_steps={log_every}",
         f"trainer.deterministic={str(deterministic).lower()}",
         "model.dropout=0.3",  # dropout draws random numbers: the resumed run must draw the same ones

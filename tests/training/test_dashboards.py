@@ -72,8 +72,11 @@ def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
     # per step: every log_every_n_steps=2 steps
     train_rows = run.rows_with("train/loss")
     assert [row["trainer/global_step"] for row in train_rows] == [1, 3, 5, 7, 9, 11]
+    # warmup over 10 steps, then the default's linear decay, at its floor (0) by the last step (logged at 11)
+    lrs = [row["train/lr"] for row in train_rows]
+    assert lrs[0] > 0 and lrs[:-1] == sorted(lrs[:-1]) and lrs[-1] == 0
     for row in train_rows:
-        assert row["train/lr"] > 0 and row["train/grad_norm"] > 0 and row["train/tokens_per_s"] > 0
+        assert row["train/grad_norm"] > 0 and row["train/tokens_per_s"] > 0
         assert 0 < row["train/mfu"] < 1
     # per validation: two during the fit, then the best checkpoint's once more
     val_rows = run.rows_with("val/bleu")

@@ -186,12 +186,22 @@ def test_the_run_tests_ema_ckpt_which_aiayn_eval_and_aiayn_export_take_as_any_ch
     assert provenance["checkpoint"] == str(path.resolve()) and provenance["global_step"] == STEPS
 
 
-def test_a_run_without_ema_writes_no_ema_checkpoint_scores_or_state(smoke_run_dir: Path) -> None:
-    results = json.loads((smoke_run_dir / "results.json").read_text())
+def test_a_run_without_ema_writes_no_ema_checkpoint_scores_or_state(
+    corpus_root: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    overrides = [
+        *resumable_run(corpus_root, cache_dir, pairs=100, eval_pairs=EVAL_PAIRS),
+        "trainer.max_steps=2",
+        "decoding.max_len_offset=3",
+        "ema.decay=null",  # the default's EMA off: the run answers with its evaluated checkpoint
+        "checkpoint.answer=evaluated",
+    ]
+    results = train(compose_run_config(overrides), tmp_path, overrides)
     assert "test_bleu" in results and not {"test_bleu_ema", "test_chrf_ema"} & set(results)
-    assert not (smoke_run_dir / "checkpoints" / "ema.ckpt").exists()
-    assert not (smoke_run_dir / "test.ema.hyp.txt").exists()
-    assert KEY not in saved(smoke_run_dir, "last.ckpt")["callbacks"]
+    assert results["answer"] == "best" and results["answer_test_bleu"] == results["test_bleu"]
+    assert not (tmp_path / "checkpoints" / "ema.ckpt").exists()
+    assert not (tmp_path / "test.ema.hyp.txt").exists()
+    assert not any(key.startswith("ExponentialMovingAverage") for key in saved(tmp_path, "last.ckpt")["callbacks"])
 
 
 def test_a_preempted_and_requeued_run_continues_the_ema_of_an_uninterrupted_run_bit_for_bit(

@@ -107,7 +107,8 @@ def test_a_checkpoint_from_another_folder_continues_without_its_bookkeeping(
     assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == before
     assert "starts afresh here" in caplog.text
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 18
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["best.ckpt", "last.ckpt", "step0000018.ckpt"]
+    made_here = ["best.ckpt", "ema.ckpt", "last.ckpt", "step0000018.ckpt"]  # ema.ckpt: the default's EMA, tested
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == made_here
 
 
 @pytest.mark.parametrize(
@@ -319,11 +320,14 @@ def test_every_setting_a_resume_reports_as_applied_is_in_force(
         "checkpoint.keep_last": 1,
         "trainer.val_check_interval": 3,
         "optim.warmup": 4,
+        "optim.schedule": "noam",  # from the default's linear decay to eq. 3, scaled
+        "optim.lr": None,
         "optim.lr_scale": 0.5,
         "optim.betas": [0.8, 0.9],
         "optim.eps": 1e-6,
         "optim.label_smoothing": 0.2,
         "decoding.beam_size": 2,
+        "val_decoding.beam_size": 2,
         "max_nonfinite_steps": 3,
         "checkpoint.evaluate": "final",
     }
@@ -347,12 +351,14 @@ def test_every_setting_a_resume_reports_as_applied_is_in_force(
         "checkpoint.keep_last": kept == ["step0000018.ckpt"],
         "trainer.val_check_interval": validated == [5, 11, 14, 17, 18],  # rows at step - 1; 18: the evaluation
         "optim.warmup": hyper["warmup"] == warmup,
+        "optim.schedule": hyper["schedule"] == "noam",
+        "optim.lr": hyper["lr"] is None,
         "optim.lr_scale": group["lr"] == pytest.approx(NoamSchedule(d_model, warmup, 0.5)(step)),
         "optim.betas": tuple(group["betas"]) == (0.8, 0.9),
         "optim.eps": group["eps"] == 1e-6,
         "optim.label_smoothing": hyper["label_smoothing"] == 0.2,
         "decoding.beam_size": results["decoding"]["beam_size"] == 2,
-        "val_decoding.beam_size": results["val_decoding"]["beam_size"] == 2,  # val_decoding=same follows it
+        "val_decoding.beam_size": results["val_decoding"]["beam_size"] == 2,
         "max_nonfinite_steps": last["aiayn"]["config"]["max_nonfinite_steps"] == 3,
         "checkpoint.evaluate": evaluated == ("final", "checkpoints/last.ckpt"),
     }

@@ -349,12 +349,16 @@ def test_a_run_resumed_after_its_decay_began_ends_with_the_weights_of_an_uninter
 @pytest.mark.parametrize(
     ("overrides", "shown"),
     [
-        (["optim.schedule=cosine"], "optim.lr=null must be set for optim.schedule=cosine"),
+        (["optim.schedule=cosine", "optim.lr=null"], "optim.lr=null must be set for optim.schedule=cosine"),
         (["optim.schedule=exponential"], "optim.schedule=exponential must be one of noam, inverse_sqrt"),
-        (["optim.lr=0.001"], "optim.lr=0.001 must be null for optim.schedule=noam"),
+        (["optim.schedule=noam", "optim.lr=0.001"], "optim.lr=0.001 must be null for optim.schedule=noam"),
         (["optim.schedule=wsd", "optim.lr=0.001", "optim.lr_scale=2"], "optim.lr_scale=2 scales eq. 3 only"),
         (["optim.schedule=linear", "optim.lr=0.001", "optim.min_lr=0.01"], "optim.min_lr=0.01 must be a number"),
-        (["optim.min_lr=0.01"], "optim.min_lr=0.01 is the floor of the schedules linear, cosine, wsd"),
+        (
+            ["optim.schedule=noam", "optim.lr=null", "optim.min_lr=0.01"],
+            "optim.min_lr=0.01 is the floor of the schedules linear, cosine, wsd",
+        ),
+        (["optim.min_lr=0.01"], "optim.min_lr=0.01 must be a number from 0 to optim.lr=0.003"),  # the default peak
         (["optim.schedule=wsd", "optim.lr=0.001", "optim.decay_fraction=0"], "optim.decay_fraction=0 must lie"),
         (
             ["optim.schedule=cosine", "optim.lr=0.001", "trainer.max_steps=-1", "trainer.max_time=null"],

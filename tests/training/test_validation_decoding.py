@@ -1,5 +1,5 @@
 """The validations of a fit decode as ``val_decoding`` says (greedy: cheaper), the final validation and
-the tests as ``decoding``; ``val_decoding=same`` (the default) follows ``decoding`` key by key."""
+the tests as ``decoding``; ``val_decoding=same`` (the experiments') follows ``decoding`` key by key."""
 
 from __future__ import annotations
 
@@ -66,12 +66,13 @@ def test_validation_decodes_greedily_while_the_tests_search_with_beams(
 @pytest.mark.parametrize(
     "overrides",
     [
-        [],
-        ["decoding=greedy"],
-        ["decoding=sample", "decoding.top_k=5"],
-        ["decoding.beam_size=7", "decoding.length_penalty=power"],
-        ["experiment=paper/base_wmt14_en_de"],
+        ["val_decoding=same"],
+        ["val_decoding=same", "decoding=greedy"],
+        ["val_decoding=same", "decoding=sample", "decoding.top_k=5"],
+        ["val_decoding=same", "decoding.beam_size=7", "decoding.length_penalty=power"],
+        ["experiment=paper/base_wmt14_en_de"],  # the experiments validate as they test, without saying so
         ["experiment=table3/B1"],
+        ["experiment=mini/C2"],
     ],
 )
 def test_same_validation_decoding_follows_every_key_of_the_decoding(overrides: list[str]) -> None:
@@ -92,7 +93,7 @@ def test_validations_that_would_sample_are_refused_in_one_line(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.chdir(tmp_path)  # a run folder, if one were made, would go to ./outputs
-    assert train_in_process(smoke_run(corpus_root, cache_dir, "decoding=sample"), monkeypatch) == 2
+    assert train_in_process(smoke_run(corpus_root, cache_dir, "decoding=sample", "val_decoding=same"), monkeypatch) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("aiayn-train: error: val_decoding.sample=true cannot rank checkpoints by chance draws")
     assert "val_decoding=greedy" in line
