@@ -1,10 +1,14 @@
 """Non-finite losses and gradients: a step with one is skipped and counted, fp16 overflows are left to the
-gradient scaler and counted, and a run of them stops training with the last good checkpoint kept."""
+gradient scaler and counted, and a run of them stops training with the last good checkpoint kept. The
+skip is decided on the device (bit for bit no change, on every DDP rank alike) and the run stops at the
+next read of the counts."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,8 +16,10 @@ import pytorch_lightning as pl
 import torch
 
 from aiayn.config.compose import compose_run_config
+from aiayn.errors import TrainingDiverged
 from aiayn.experiments.run import train
 from aiayn.training.module import TranslationModule
+from helpers.processes import environment, train_command
 from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
@@ -105,6 +111,112 @@ def test_non_finite_losses_in_a_row_stop_the_run_and_keep_the_last_good_checkpoi
     assert checkpoint["global_step"] == 8
     assert all(torch.isfinite(t).all() for t in checkpoint["state_dict"].values() if t.is_floating_point())
     assert not (tmp_path / "run" / "results.json").exists()
+
+
+class StateWatch(pl.Callback):
+    """Records, per optimizer step, whether the step left the weights and Adam's state (moments and step
+    counters) bit for bit as they were."""
+
+    def __init__(self) -> None:
+        self.unchanged: dict[int, tuple[bool, bool]] = {}
+        self._before: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
+
+    @staticmethod
+    def state(trainer: pl.Trainer) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        weights = [p.detach().clone() for p in trainer.lightning_module.parameters()]
+        adam = trainer.optimizers[0].state.values()
+        return weights, [tensor.clone() for state in adam for tensor in state.values()]
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        self._before = self.state(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
+        (weights, adam), (weights_before, adam_before) = self.state(trainer), self._before
+        same = [all(map(torch.equal, now, then)) for now, then in ((weights, weights_before), (adam, adam_before))]
+        self.unchanged[trainer.global_step - 1] = (same[0], same[1] and len(adam) == len(adam_before))
+
+
+def test_a_skipped_step_leaves_weights_and_adam_state_bit_identical_between_reads_of_the_counts(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Metrics every 5 steps: the guard decides on the device at steps 4 and 7 (NaN gradients, then a NaN
+    loss with finite gradients) and the host reads its counts only at steps 5 and 10."""
+    poison(monkeypatch, {3: "times", 6: "plus"})  # optimizer steps 4 and 7, counted from 1
+    overrides = resumable_run(multi30k_root, cache_dir, "trainer.max_steps=10", log_every=5)
+    watch = StateWatch()
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[watch])
+    assert results["skipped_steps"] == 2 and results["steps"] == 10
+    # Fused Adam's kernel skipped the two updates; every other step changed weights and moments.
+    assert watch.unchanged == {step: (step in (3, 6),) * 2 for step in range(10)}
+    rows = [row for row in metrics(tmp_path / "run") if row.get("train/skipped_steps")]
+    assert {int(row["step"]): float(row["train/skipped_steps"]) for row in rows} == {4: 1.0, 9: 2.0}
+    adam = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]
+    assert {float(state["step"]) for state in adam["state"].values()} == {8.0}
+
+
+def test_faults_in_a_row_stop_the_run_at_the_next_read_of_the_counts(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """max_nonfinite_steps=2 is reached at step 9 (steps 8 and 9 bad), between two reads of the counts: the
+    host reads them before the validation of step 10 and stops the run there, before that validation
+    writes a checkpoint; step 10 was skipped as well."""
+    poison(monkeypatch, dict.fromkeys(range(7, 100), "times"))
+    extra = ("trainer.max_steps=30", "checkpoint.every_steps=10", "max_nonfinite_steps=2")
+    overrides = resumable_run(multi30k_root, cache_dir, *extra, log_every=7)
+    watch = WeightWatch()
+    with pytest.raises(TrainingDiverged) as stopped:
+        train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[watch])
+    message = str(stopped.value)
+    assert message.startswith("training stopped at step 10: non-finite loss at 3 optimizer steps in a row")
+    assert "no checkpoint had been written yet" in message
+    assert watch.changed == {step: step < 7 for step in range(10)}
+    assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
+
+
+class NanLossOnOneRank(pl.Callback):
+    """Adds NaN to DDP rank ``rank``'s training loss of optimizer step ``step`` (counted from 1; its gradients
+    stay finite, the other rank's loss too), and saves each rank's weights at the end as
+    ``<folder>/weights.rank<r>.pt``. Given to a DDP ``aiayn-train`` process as ``callbacks=[...]``."""
+
+    def __init__(self, folder: str, step: int, rank: int = 1) -> None:
+        self.folder, self.step, self.rank = Path(folder), step, rank
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.global_rank != self.rank:
+            return
+        original = pl_module.training_loss
+
+        def poisoned(batch: dict) -> tuple[torch.Tensor, int]:
+            loss, n_tokens = original(batch)
+            return (loss + math.nan if trainer.global_step == self.step - 1 else loss), n_tokens
+
+        pl_module.training_loss = poisoned
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        weights = {name: p.detach() for name, p in pl_module.named_parameters()}
+        torch.save(weights, self.folder / f"weights.rank{trainer.global_rank}.pt")
+
+
+def test_a_non_finite_loss_on_one_ddp_rank_skips_the_step_on_every_rank(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path
+) -> None:
+    """The flags are reduced over the ranks on the device: rank 0, whose loss and gradients are finite,
+    skips step 3 as rank 1 does, and the two hold the same weights."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    poison_rank = f"callbacks=[{{_target_:test_nonfinite.NanLossOnOneRank,folder:'{run_dir}',step:3}}]"
+    overrides = [*resumable_run(corpus_root, cache_dir, "trainer.max_steps=4", pairs=400, log_every=2), poison_rank]
+    env = environment()
+    env["PYTHONPATH"] = f"{Path(__file__).parent}:{env['PYTHONPATH']}"  # this module, for NanLossOnOneRank
+    command = train_command("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["batch"]["world_size"] == 2 and results["steps"] == 4 and results["skipped_steps"] == 1
+    ranks = [torch.load(run_dir / f"weights.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() and all(torch.equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
+    adam = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
+    assert {float(state["step"]) for state in adam.values()} == {3.0}  # rank 0's Adam: 4 steps, 1 skipped
 
 
 class Overflow(pl.Callback):

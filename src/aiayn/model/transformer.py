@@ -98,11 +98,12 @@ class Transformer(nn.Module):
             x = x + self.positions(tokens.size(1), offset)
         return self.embed_dropout(x)
 
-    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (or None)."""
-        padding = src.eq(self.cfg.pad_id)
-        # No mask lets SDPA take its fast path; under torch.compile, asking would break the graph in two.
-        src_padding = padding if torch.compiler.is_compiling() or bool(padding.any()) else None
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (B, S)."""
+        # Always the mask, also for a batch without padding: asking whether it has any would make the host
+        # wait for the device (and break a compiled graph in two). SDPA picks the same kernel on the CPU;
+        # a GPU's FlashAttention takes no mask, so the rare batch of equal lengths moves to another kernel.
+        src_padding = src.eq(self.cfg.pad_id)
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
             x = layer(x, src_padding)

@@ -98,8 +98,12 @@ class TranslationModule(pl.LightningModule):
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.training_loss(batch)
-        self.log("train/loss", loss, batch_size=n_tokens, prog_bar=True)
-        self.log("train/lr", self.lr_schedulers().get_last_lr()[0], batch_size=n_tokens)
+        # Not prog_bar=True: Lightning would read a progress-bar value on the host after every batch (the
+        # run's progress bar reads it at the steps whose metrics are logged). The learning rate is filled
+        # into a device tensor: Lightning would copy a Python float there, and the host waits for a copy.
+        self.log("train/loss", loss, batch_size=n_tokens)
+        lr = torch.full((), self.lr_schedulers().get_last_lr()[0], device=self.device)
+        self.log("train/lr", lr, batch_size=n_tokens)
         return loss
 
     def setup(self, stage: str) -> None:

@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar
 
 from aiayn.errors import ConfigError
+from aiayn.training.callbacks.cadence import metrics_flushed_at
 
 log = logging.getLogger(__name__)
 PROGRESS_NAMES = {"train/loss": "loss", "train/tokens_per_s": "tok/s", "val/bleu": "BLEU"}
@@ -48,8 +49,26 @@ class ValidationReport(pl.Callback):
 
 class RunProgressBar(RichProgressBar):
     """Rich's progress bar showing the run's vital signs under short names: the training loss, tokens
-    per second and the latest validation BLEU."""
+    per second and the latest validation BLEU. The training values are read on the host once a step's
+    metrics reach the loggers (every ``trainer.log_every_n_steps``), not after every batch: each read
+    makes the host wait for the device."""
+
+    TRAINING_KEYS = ("train/loss", "train/tokens_per_s")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.training_values: dict[str, float] = {}
+        self._read_at: int | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        # Lightning hands a step's metrics to the loggers after its batch ends; they are read here, before
+        # the next step queues work on the device.
+        step = trainer.global_step
+        if step != self._read_at and metrics_flushed_at(trainer, step):
+            self._read_at = step
+            metrics = trainer.callback_metrics
+            self.training_values = {key: float(metrics[key]) for key in self.TRAINING_KEYS if key in metrics}
 
     def get_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, Any]:
-        metrics = super().get_metrics(trainer, pl_module)
+        metrics = {**super().get_metrics(trainer, pl_module), **self.training_values}
         return {PROGRESS_NAMES.get(key, key): value for key, value in metrics.items() if key != "v_num"}

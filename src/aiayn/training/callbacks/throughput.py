@@ -76,7 +76,7 @@ class TokenThroughput(pl.Callback):
             seconds = max(self._window_seconds, 1e-9)  # each rank's rates over its own time, summed over ranks
             rates = (self._window_tokens / seconds, self._window_flops / seconds)
             tokens, flops = summed_over_ranks(rates, pl_module.device)
-            pl_module.log("train/tokens_per_s", tokens, batch_size=1, prog_bar=True)
+            pl_module.log("train/tokens_per_s", tokens, batch_size=1)  # not prog_bar: see TranslationModule
             if self.peak is not None:
                 pl_module.log("train/mfu", flops / (self.peak * trainer.world_size), batch_size=1)
             self._window_tokens, self._window_flops, self._window_seconds = 0, 0.0, 0.0
