@@ -10,7 +10,6 @@ import copy
 import json
 import math
 import signal
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from aiayn.training.checkpoints import load_model
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 from helpers.bleu import sacrebleu_of
-from helpers.processes import environment, train_command
+from helpers.processes import finish
 from helpers.runs import exit_status, resumable_run, train_in_process
 
 DECAY, START, STEPS = 0.8, 2, 6  # steps 1-2 copy the weights, 3-6 average them
@@ -327,11 +326,7 @@ def test_two_ddp_ranks_hold_the_same_ema_which_the_checkpoint_and_ema_ckpt_hold(
     run_dir.mkdir()
     keep = f"callbacks=[{{_target_:test_ema.EmaOfEachRank,folder:'{run_dir}'}}]"
     overrides = [*ema_overrides(corpus_root, cache_dir, pairs=400), "trainer.max_steps=4", keep]
-    env = environment()
-    env["PYTHONPATH"] = f"{Path(__file__).parent}:{env['PYTHONPATH']}"  # this module, for EmaOfEachRank
-    command = train_command("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    finish("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides, importable=Path(__file__).parent)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["batch"]["world_size"] == 2 and results["steps"] == 4 and "test_bleu_ema" in results
     ranks = [torch.load(run_dir / f"ema.rank{rank}.pt", weights_only=True) for rank in (0, 1)]

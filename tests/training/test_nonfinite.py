@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.errors import TrainingDiverged
 from aiayn.experiments.run import train
 from aiayn.training.module import TranslationModule
-from helpers.processes import environment, train_command
+from helpers.processes import finish
 from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
@@ -206,11 +205,7 @@ def test_a_non_finite_loss_on_one_ddp_rank_skips_the_step_on_every_rank(
     run_dir.mkdir()
     poison_rank = f"callbacks=[{{_target_:test_nonfinite.NanLossOnOneRank,folder:'{run_dir}',step:3}}]"
     overrides = [*resumable_run(corpus_root, cache_dir, "trainer.max_steps=4", pairs=400, log_every=2), poison_rank]
-    env = environment()
-    env["PYTHONPATH"] = f"{Path(__file__).parent}:{env['PYTHONPATH']}"  # this module, for NanLossOnOneRank
-    command = train_command("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-4000:]
+    finish("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides, importable=Path(__file__).parent)
     results = json.loads((run_dir / "results.json").read_text())
     assert results["batch"]["world_size"] == 2 and results["steps"] == 4 and results["skipped_steps"] == 1
     ranks = [torch.load(run_dir / f"weights.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
