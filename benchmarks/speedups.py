@@ -1,7 +1,8 @@
 """What each speed change buys: our training step against the same step with one change undone.
 
-Variants, all on the same Multi30k batches, taking turns on every batch in this one process after a
-warm-up:
+Variants, all on the same Multi30k batches (spread over the first epoch's lengths), taking turns on
+every batch in this one process after a warm-up; ratios are the median of the per-round ratios, with
+their lowest and highest:
 - `aiayn`: the step as `aiayn-train` runs it;
 - `nn.Dropout`: torch's dropout instead of `aiayn.model.dropout.Dropout`;
 - `F.cross_entropy`: torch's label-smoothed loss instead of `aiayn.training.loss`;
@@ -27,7 +28,16 @@ from torch import nn
 from aiayn.config.plan import module_settings
 from aiayn.model.dropout import Dropout
 from train_throughput import Step
-from workload import benchmark_parser, machine, parse_counts, prepare_process, race, training_batches, training_config
+from workload import (
+    benchmark_parser,
+    machine,
+    parse_counts,
+    prepare_process,
+    race,
+    ratio_spread,
+    spread_batches,
+    training_config,
+)
 
 
 def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Step:
@@ -76,7 +86,7 @@ def main() -> None:
 
     prepare_process()
     cfg = training_config(args.model, args.data, args.overrides)
-    batches = training_batches(cfg, args.steps)
+    batches = spread_batches(cfg, args.steps)
     variants = {
         "aiayn": (False, False, True, False),
         "nn.Dropout": (True, False, True, False),
@@ -88,15 +98,19 @@ def main() -> None:
         variants["model.compile"] = (False, False, True, True)
     steps = {name: variant(cfg, *parts) for name, parts in variants.items()}
     speeds = race(steps, batches, args.rounds)
-    ours = median(speeds["aiayn"])
-    result = {f"vs_{name}": round(ours / median(values), 3) for name, values in speeds.items() if name != "aiayn"}
+    result: dict[str, Any] = {}
+    for name in speeds:
+        if name != "aiayn":
+            spread = ratio_spread(speeds["aiayn"], speeds[name])
+            result[f"vs_{name}"], result[f"vs_{name}_range"] = spread["median"], [spread["min"], spread["max"]]
 
     print(machine())
     print(f"model={args.model}: {len(batches)} batches per round, {args.rounds} rounds")
-    print(f"{'variant':<18}{'tokens/s (median)':>19}{'all rounds':>28}{'aiayn / variant':>17}")
+    print(f"{'variant':<18}{'tokens/s (median)':>19}{'all rounds':>36}{'aiayn / variant (median, range)':>34}")
     for name, values in speeds.items():
-        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f}"
-        print(f"{name:<18}{median(values):>19.0f}{' '.join(f'{v:.0f}' for v in values):>28}{ratio:>17}")
+        low, high = result.get(f"vs_{name}_range", (0, 0))
+        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f} ({low:.3f}-{high:.3f})"
+        print(f"{name:<18}{median(values):>19.0f}{' '.join(f'{v:.0f}' for v in values):>36}{ratio:>34}")
     print(json.dumps({**result, "tokens_per_s": {name: round(median(v)) for name, v in speeds.items()}}))
 
 

@@ -2,12 +2,14 @@
 
 Each contestant trains (forward, label-smoothed loss, backward, Adam) on the same Multi30k batches,
 `aiayn-train`'s own (token budget data.max_tokens, 8000-piece joint BPE), fp32, at each model config
-asked for. Contestants take turns on every batch, in this one process, after a warm-up; tokens/s count real source and
-target tokens. Efficiency is our achieved model FLOP/s over a large fp32 matrix product's FLOP/s,
-measured in this process before and after the race.
+asked for: --steps batches of the first epoch spread over its length distribution (shortest to
+longest). Contestants take turns on every batch, in this one process, after a warm-up; tokens/s count
+real source and target tokens. Ratios are the median of the per-round ratios, with their lowest and
+highest. Efficiency is our achieved model FLOP/s over a large fp32 matrix product's FLOP/s, measured
+in this process before and after the race.
 Needs the `bench` extra (`pip install -e ".[bench]"`, which brings `transformers`).
 Usage: python benchmarks/train_throughput.py [--data ../shared/data/multi30k] [--models base small]
-       [--steps 4] [--rounds 3] [--matmul-size 4096] [model.compile=true ...]
+       [--steps 8] [--rounds 5] [--matmul-size 4096] [model.compile=true ...]
 The final line is JSON; its top-level ratios are model=base's.
 """
 
@@ -29,14 +31,16 @@ from workload import (
     benchmark_parser,
     machine,
     matmul_ceiling,
+    mean_length,
     model_flops,
     parse_counts,
     per_model_json,
     prepare_process,
     race,
+    ratio_spread,
     real_tokens,
     smoothed_loss,
-    training_batches,
+    spread_batches,
     training_config,
 )
 
@@ -84,7 +88,7 @@ def in_precision(step: Step, precision: str) -> Step:
 
 def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     cfg = training_config(model_name, args.data, args.overrides)
-    batches = training_batches(cfg, args.steps, skip=args.skip)
+    batches = spread_batches(cfg, args.steps)
     torch.manual_seed(0)
     settings = module_settings(cfg)
     module = settings.build().train()
@@ -116,15 +120,22 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     for name in speeds:
         if name != "aiayn":
-            result[f"vs_{name}"] = round(ours / median(speeds[name]), 3)
+            spread = ratio_spread(speeds["aiayn"], speeds[name])
+            result[f"vs_{name}"], result[f"vs_{name}_range"] = spread["median"], [spread["min"], spread["max"]]
 
-    shape = f"{len(batches)} batches of ~{result['batch_tokens']} real tokens, {args.rounds} rounds"
+    lengths = sorted(mean_length(batch) for batch in batches)
+    shape = (
+        f"{len(batches)} batches of ~{result['batch_tokens']} real tokens, pairs of {lengths[0]:.0f}-{lengths[-1]:.0f} "
+        f"tokens on average, {args.rounds} rounds"
+    )
     print(f"\nmodel={model_name}: {shape}")
-    print(f"{'contestant':<16}{'parameters':>12}{'tokens/s (median)':>19}{'all rounds':>28}{'ours / theirs':>15}")
+    header = f"{'contestant':<16}{'parameters':>12}{'tokens/s (median)':>19}{'all rounds':>36}"
+    print(f"{header}{'ours / theirs (median, range)':>32}")
     for name, values in speeds.items():
-        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f}"
+        low, high = result.get(f"vs_{name}_range", (0, 0))
+        ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f} ({low:.3f}-{high:.3f})"
         rounds = " ".join(f"{v:.0f}" for v in values)
-        print(f"{name:<16}{result['params'][name]:>12,}{median(values):>19.0f}{rounds:>28}{ratio:>15}")
+        print(f"{name:<16}{result['params'][name]:>12,}{median(values):>19.0f}{rounds:>36}{ratio:>32}")
     print(
         f"model FLOP/s {result['model_gflops']} G / fp32 matmul {result['matmul_gflops']} G "
         f"= efficiency {result['efficiency']:.3f}"
@@ -133,9 +144,8 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = benchmark_parser(__doc__, steps=4, rounds=3, steps_help="training batches per round")
+    parser = benchmark_parser(__doc__, steps=8, rounds=5, steps_help="training batches per round")
     parser.add_argument("--models", nargs="+", default=["base", "small"], help="model configs (conf/model)")
-    parser.add_argument("--skip", type=int, default=0, help="start at this batch of the first epoch")
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"], help="all contestants'")
     parser.add_argument("--skip-hf", action="store_true", help="without transformers installed")
     parser.add_argument("--matmul-size", type=int, default=4096, help="side of the matrices of the fp32 ceiling")

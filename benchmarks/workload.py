@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from aiayn.config.compose import compose_run_config
-from aiayn.machine import available_cpus, retain_freed_memory
+from aiayn.machine import available_cpus, device_name, retain_freed_memory
 from aiayn.model import TransformerConfig
 from aiayn.model.flops import batch_training_flops
 
@@ -72,6 +71,34 @@ def training_batches(cfg: DictConfig, count: int, skip: int = 0) -> list[dict[st
         if len(batches) == count:
             break
     return batches
+
+
+def spread_batches(cfg: DictConfig, count: int, pool: int = 512) -> list[dict[str, Any]]:
+    """``count`` training batches of the first epoch, as the run's loader yields them, spread over its
+    length distribution: of the epoch's first ``pool`` batches, ranked by their pairs' mean real length,
+    those at evenly spaced ranks, the shortest and the longest included, in the epoch's order. The first
+    few batches of a shuffled epoch can be all short or all long, and a step's speed depends on length
+    (attention grows with its square; the share of padding differs)."""
+    epoch = training_batches(cfg, pool)
+    if count >= len(epoch):
+        return epoch
+    ranked = sorted(range(len(epoch)), key=lambda i: mean_length(epoch[i]))
+    if count == 1:
+        return [epoch[ranked[len(ranked) // 2]]]
+    picked = {ranked[round(k * (len(ranked) - 1) / (count - 1))] for k in range(count)}
+    return [epoch[i] for i in sorted(picked)]
+
+
+def mean_length(batch: dict[str, Any]) -> float:
+    """Real source plus target tokens per pair of a batch."""
+    return real_tokens(batch) / len(batch["lengths"])
+
+
+def ratio_spread(ours: Sequence[float], theirs: Sequence[float]) -> dict[str, float]:
+    """Our speed over theirs, round by round (both timed on the same batches in the same round): the
+    median of those ratios and their lowest and highest, the spread a single number would hide."""
+    ratios = [a / b for a, b in zip(ours, theirs, strict=True)]
+    return {"median": round(statistics.median(ratios), 3), "min": round(min(ratios), 3), "max": round(max(ratios), 3)}
 
 
 def real_tokens(batch: dict[str, Any]) -> int:
@@ -132,8 +159,8 @@ def prepare_process() -> None:
 def machine() -> str:
     """One line naming the hardware and software the numbers were measured on."""
     return (
-        f"{date.today()} · {platform.processor() or platform.machine()}, {available_cpus()} CPUs, "
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads"
+        f"{date.today()} · {device_name(torch.device('cpu'))} ({torch.backends.cpu.get_cpu_capability()}), "
+        f"{available_cpus()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
 
 

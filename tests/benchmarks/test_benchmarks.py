@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from helpers.runs import REPO
 
@@ -83,6 +84,23 @@ def test_train_throughput_races_the_peers_with_the_same_parameters_on_the_same_b
     batches = stepped.pop("batches")
     assert len(batches) == 2 and stepped == dict.fromkeys(contestants, batches * 2)
     assert set(tiny) >= {"efficiency", "model_gflops", "matmul_gflops", "vs_marian", "vs_nn_transformer"}
+    for peer in ("marian", "nn_transformer"):  # one round: its ratio is the median, the lowest and the highest
+        assert tiny[f"vs_{peer}_range"] == [tiny[f"vs_{peer}"]] * 2
+
+
+def test_the_raced_batches_span_the_epochs_lengths_and_the_ratios_are_taken_round_by_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    workload = importlib.import_module("workload")
+    lengths = (9, 3, 14, 5, 11, 7, 2, 20, 6, 8)  # of each pair of the epoch's batches, in their order
+    epoch = [{"lengths": torch.tensor([[n, n]] * 3)} for n in lengths]
+    monkeypatch.setattr(workload, "training_batches", lambda cfg, count: epoch[:count])
+    # ranks 0, 3, 6, 9 of the 10 by length (2, 6, 9, 20), in the epoch's order
+    assert [workload.mean_length(batch) for batch in workload.spread_batches(None, 4)] == [18, 4, 40, 12]
+    assert workload.spread_batches(None, 20) == epoch and len(workload.spread_batches(None, 1)) == 1
+    # per-round ratios 2, 1.333, 3: their median is 2, where the ratio of the medians (4 / 3) is the worst round's
+    assert workload.ratio_spread([2.0, 4.0, 9.0], [1.0, 3.0, 3.0]) == {"median": 2.0, "min": 1.333, "max": 3.0}
 
 
 def test_efficiency_times_our_step_on_every_batch_against_the_matmul_ceiling(
