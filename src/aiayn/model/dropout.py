@@ -3,8 +3,11 @@
 ``torch.nn.Dropout`` on the CPU draws a float per element from a serial Bernoulli sampler and keeps a
 float mask for the backward pass: at ``model=base`` its 32 dropouts took about a tenth of a training
 step on 2 cores (`benchmarks/train_throughput.py`). Here each element gets 16 random bits from one
-64-bit draw per four elements, and the backward pass keeps a one-byte mask. Other devices, and
-``torch.compile`` (whose generated kernels draw random bits in place), keep PyTorch's dropout.
+64-bit draw per four elements, and the backward pass keeps a one-byte mask. The mask multiplies as
+``uint8`` (0 or 1): on the CPU that is a vectorised product, where ``masked_fill`` with a boolean mask,
+or a product with a ``bool`` tensor, walks the elements one by one at several times its cost (forward
+and backward). Other devices, and ``torch.compile`` (whose generated kernels draw random bits in place),
+keep PyTorch's dropout.
 """
 
 from __future__ import annotations
@@ -26,13 +29,13 @@ def quantized_rate(p: float) -> float:
     return _dropped_levels(p) / _LEVELS
 
 
-def dropped(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
-    """A boolean mask of ``shape``, True with probability :func:`quantized_rate` (p), drawn from
+def kept(shape: torch.Size, p: float, device: torch.device) -> torch.Tensor:
+    """A ``uint8`` mask of ``shape``: 0 with probability :func:`quantized_rate` (p), else 1, drawn from
     torch's default generator (so ``torch.manual_seed`` and saved RNG states reproduce it)."""
     n = shape.numel()
     bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_(-(2**63), None)
     threshold = _dropped_levels(p) - _LEVELS // 2  # int16 values are uniform on ±2^15
-    return bits.view(torch.int16)[:n].view(shape) < threshold
+    return (bits.view(torch.int16)[:n].view(shape) >= threshold).view(torch.uint8)
 
 
 class Dropout(nn.Module):
@@ -51,7 +54,8 @@ class Dropout(nn.Module):
         if x.device.type != "cpu" or torch.compiler.is_compiling():  # fused kernels draw their own bits
             return F.dropout(x, self.p, training=True)
         rate = quantized_rate(self.p)
-        return x.masked_fill(dropped(x.shape, self.p, x.device), 0.0).mul_(1.0 / (1.0 - rate))
+        # x * mask, then the scale in place: autograd keeps the one-byte mask for the backward product
+        return x.mul(kept(x.shape, self.p, x.device)).mul_(1.0 / (1.0 - rate))
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
