@@ -42,6 +42,8 @@ def test_batches_are_teacher_forcing_pairs(corpus_root: Path, cache_dir: Path) -
     assert (src.eq(tok.eos_id).sum(1) == 1).all() and (tgt_out.eq(tok.eos_id).sum(1) == 1).all()
     real = torch.stack([src.ne(tok.pad_id).sum(1), tgt_out.ne(tok.pad_id).sum(1)], dim=1)
     assert batch["lengths"].tolist() == real.tolist()  # the real token counts, on the CPU
+    # the flat positions of exactly those target tokens, in order
+    assert batch["target_rows"].tolist() == tgt_out.flatten().ne(tok.pad_id).nonzero().flatten().tolist()
     first = batch["index"][0].item()
     ids = tgt_out[0][tgt_out[0] > tok.eos_id].tolist()
     assert tok.decode([ids])[0] == dm.references["val"][first] == batch["references"][0]

@@ -26,7 +26,7 @@ def tiny_batch(vocab_size: int) -> dict[str, Any]:
     src[0, 5:] = 0  # padding: the source mask is used
     tgt = torch.randint(4, vocab_size, (3, 6))
     lengths = torch.tensor([[5, 6], [7, 6], [7, 6]]).numpy()
-    return {"src": src, "tgt_in": tgt, "tgt_out": tgt.roll(-1, 1), "lengths": lengths}
+    return {"src": src, "tgt_in": tgt, "tgt_out": tgt.roll(-1, 1), "lengths": lengths, "target_rows": torch.arange(18)}
 
 
 @pytest.mark.slow

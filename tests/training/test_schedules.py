@@ -164,7 +164,8 @@ def batches(count: int = 4) -> DataLoader:
     made = []
     for _ in range(count):
         src, tgt = torch.randint(4, 50, (2, 5), generator=generator), torch.randint(4, 50, (2, 6), generator=generator)
-        made.append({"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "lengths": torch.tensor([[5, 5]] * 2)})
+        lengths, rows = torch.tensor([[5, 5]] * 2), torch.arange(10)
+        made.append({"src": src, "tgt_in": tgt[:, :-1], "tgt_out": tgt[:, 1:], "lengths": lengths, "target_rows": rows})
     return DataLoader(made, batch_size=None)
 
 

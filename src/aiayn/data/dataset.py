@@ -161,6 +161,7 @@ class Collator:
             tgt_in[row, 1 : len(t) + 1] = torch.from_numpy(t.astype(np.int64))
             tgt_out[row, : len(t)] = tgt_in[row, 1 : len(t) + 1]
             tgt_out[row, len(t)] = self.eos_id
+        lengths = np.array([(len(s) + 1, len(t) + 1) for _, s, t in items], dtype=np.int64)
         batch: dict[str, Any] = {
             "src": src,
             "tgt_in": tgt_in,
@@ -168,7 +169,11 @@ class Collator:
             "index": torch.tensor([i for i, _, _ in items], dtype=torch.long),
             # Real (non-padding) tokens per pair, source + EOS and target + EOS, kept in NumPy so that
             # they stay on the CPU: throughput and MFU read them without waiting for the GPU.
-            "lengths": np.array([(len(s) + 1, len(t) + 1) for _, s, t in items], dtype=np.int64),
+            "lengths": lengths,
+            # Where the real target tokens sit in tgt_out flattened (row * tgt_len + position): the output
+            # projection and the loss run on those rows only. Found here, on the CPU, so that the device
+            # gets them with the batch instead of a nonzero() of its own that the host would wait for.
+            "target_rows": (torch.arange(tgt_len) < torch.tensor(lengths[:, 1:])).flatten().nonzero().squeeze(1),
         }
         if self.references is not None:
             batch["references"] = [self.references[i] for i, _, _ in items]

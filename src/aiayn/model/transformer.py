@@ -116,12 +116,16 @@ class Transformer(nn.Module):
         src_padding: torch.Tensor | None,
         state: DecoderState | None = None,
         last_only: bool = False,
+        rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Shifted target ids (B, T) → logits (B, T, vocab), or (B, 1, vocab) for the last position only.
 
         With ``state``, ``tgt_in`` holds only the next position (B, 1): earlier positions are read from
         the key/value caches in ``state``, which this call extends. ``last_only`` skips the output
-        projection of earlier positions, which decoding without a cache does not need.
+        projection of earlier positions, which decoding without a cache does not need. ``rows`` (N,)
+        picks positions of the flattened (B * T) ones and gives their logits only, (N, vocab): training
+        projects the real target positions, not the padding (the projection to the vocabulary and the
+        softmax are the largest position-wise work of a step).
         """
         offset = state.length if state is not None else 0
         x = self._embed(self.tgt_embed, tgt_in, offset)
@@ -131,6 +135,8 @@ class Transformer(nn.Module):
             state.length += tgt_in.size(1)
         if last_only:
             x = x[:, -1:]
+        if rows is not None:
+            x = x.flatten(0, 1).index_select(0, rows)
         return self.output_proj(self.decoder_norm(x))
 
     def init_state(self) -> DecoderState:
@@ -159,6 +165,7 @@ class Transformer(nn.Module):
                 module.recorded = None
             self.train(was_training)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
+    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher-forced logits (B, T, vocab), or (N, vocab) at the flattened positions ``rows``."""
         memory, src_padding = self.encode(src)
-        return self.decode(tgt_in, memory, src_padding)
+        return self.decode(tgt_in, memory, src_padding, rows=rows)

@@ -92,9 +92,15 @@ class TranslationModule(pl.LightningModule):
     def training_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int]:
         """The label-smoothed loss of a training batch and its real target tokens: all a training step
         computes before the backward pass (the benchmarks' bare loops call it too)."""
-        logits = self.model(batch["src"], batch["tgt_in"])
+        logits, target = self.real_target_logits(batch)
         n_tokens = int(batch["lengths"][:, 1].sum())  # the collator's count, on the CPU
-        return self.loss(logits, batch["tgt_out"], self.optim.label_smoothing, n_tokens)
+        return self.loss(logits, target, self.optim.label_smoothing, n_tokens)
+
+    def real_target_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced logits (N, vocab) at the batch's N real target positions and their reference ids
+        (N,): padding positions (5-10% of a batch's targets) get no output projection, softmax or loss."""
+        rows = batch["target_rows"]
+        return self.model(batch["src"], batch["tgt_in"], rows), batch["tgt_out"].flatten().index_select(0, rows)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.training_loss(batch)
@@ -117,9 +123,10 @@ class TranslationModule(pl.LightningModule):
 
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
-        logits = self.model(batch["src"], batch["tgt_in"])
-        nll, n_tokens = self.loss(logits, batch["tgt_out"], 0.0)
-        smoothed, _ = self.loss(logits, batch["tgt_out"], self.optim.label_smoothing)
+        logits, target = self.real_target_logits(batch)
+        n_tokens = int(batch["lengths"][:, 1].sum())
+        nll, _ = self.loss(logits, target, 0.0, n_tokens)
+        smoothed, _ = self.loss(logits, target, self.optim.label_smoothing, n_tokens)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
         options = self.evaluation_decoding(stage)
