@@ -86,7 +86,7 @@ def test_the_real_pairs_are_repeated_upsample_primary_times(tagged: Multi30kData
     counts = tagged.filtered
     assert (counts["kept"], counts["extra_pairs"], counts["extra_kept"], counts["extra_empty"]) == (500, 60, 59, 1)
     assert counts["epoch_pairs"] == len(tagged.datasets["train"]) == 500 * 3 + 59
-    sampler = TokenBudgetBatchSampler(tagged.datasets["train"].sizes(), 800, seed=1)
+    sampler = TokenBudgetBatchSampler(tagged.datasets["train"].padded_lengths(), 800, seed=1)
     drawn = Counter(i for batch in sampler for i in batch)
     assert sorted(drawn) == list(range(1559)) and set(drawn.values()) == {1}  # one epoch: every pair once
     real = Counter(tagged.datasets["train"].parts[0].indices.tolist())
@@ -94,14 +94,14 @@ def test_the_real_pairs_are_repeated_upsample_primary_times(tagged: Multi30kData
 
 
 def test_the_mix_is_sharded_and_resumed_as_one_split(tagged: Multi30kDataModule) -> None:
-    sizes = tagged.datasets["train"].sizes()
-    ranks = [TokenBudgetBatchSampler(sizes, 800, seed=1, num_replicas=2, rank=r) for r in (0, 1)]
+    lengths = tagged.datasets["train"].padded_lengths()
+    ranks = [TokenBudgetBatchSampler(lengths, 800, seed=1, num_replicas=2, rank=r) for r in (0, 1)]
     for sampler in ranks:
         sampler.set_epoch(3)
     batches = [list(sampler) for sampler in ranks]
     owned = [{i for batch in rank for i in batch} for rank in batches]
     assert len(batches[0]) == len(batches[1]) and not owned[0] & owned[1]
-    resumed = TokenBudgetBatchSampler(sizes, 800, seed=1, num_replicas=2, rank=0)
+    resumed = TokenBudgetBatchSampler(lengths, 800, seed=1, num_replicas=2, rank=0)
     resumed.load_state_dict(ranks[0].state_dict(consumed=5))
     assert list(resumed) == batches[0][5:]
     assert ranks[0].state_dict(0)["pairs"] == 1559  # another upsampling is another layout: the epoch restarts

@@ -180,7 +180,7 @@ def test_a_run_resumed_mid_epoch_trains_on_the_batches_of_an_uninterrupted_one(
     whole, uninterrupted = recorded_run(tmp_path / "whole", [*base, "trainer.max_steps=9"])
     # Each epoch has as many batches as its own segmentation makes (40 pairs drawn from seed 4: 3, then 4).
     dm = module(corpus_root, cache_dir, bpe_dropout=0.3, seed=4, train_limit=40, max_tokens=500)
-    lengths = [len(TokenBudgetBatchSampler(drawn(dm, epoch).sizes(), 500)) for epoch in (0, 1)]
+    lengths = [len(TokenBudgetBatchSampler(drawn(dm, epoch).padded_lengths(), 500)) for epoch in (0, 1)]
     assert lengths[0] != lengths[1]
     epochs = [epoch for epoch, _, _ in uninterrupted.batches]
     assert [epochs.count(0), epochs.count(1)] == lengths and epochs.count(2) == 9 - sum(lengths)

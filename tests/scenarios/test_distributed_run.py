@@ -80,7 +80,7 @@ def test_two_ddp_ranks_train_on_disjoint_equal_shares_stop_together_at_a_signal_
     dm = Multi30kDataModule(root=str(multi30k_root), cache_dir=str(cache_dir), vocab_size=1000, train_limit=400)
     dm.prepare_data()
     dm.setup()
-    sizes = dm.datasets["train"].sizes()
+    lengths = dm.datasets["train"].padded_lengths()
     # the token count is both ranks' real tokens: source + EOS and target + EOS of every pair
     train_set = dm.datasets["train"]
     real = train_set.src.lengths[train_set.indices] + train_set.tgt.lengths[train_set.indices] + 2
@@ -88,7 +88,7 @@ def test_two_ddp_ranks_train_on_disjoint_equal_shares_stop_together_at_a_signal_
     assert results["train_tokens"] == json.loads((whole_dir / "results.json").read_text())["train_tokens"]
     assert results["train_tokens"] == int(real[trained].sum())
     for rank in (0, 1):
-        sampler = TokenBudgetBatchSampler(sizes, 500, seed=1, num_replicas=2, rank=rank)
+        sampler = TokenBudgetBatchSampler(lengths, 500, seed=1, num_replicas=2, rank=rank)
         assert len(sampler) > STEPS and shares[rank] == list(sampler)[:STEPS]
 
 

@@ -124,8 +124,8 @@ class TrainingMix(Dataset):
     def __len__(self) -> int:
         return int(self.starts[-1])
 
-    def sizes(self) -> np.ndarray:
-        return np.concatenate([part.sizes() for part in self.parts])
+    def padded_lengths(self) -> np.ndarray:
+        return np.concatenate([part.padded_lengths() for part in self.parts])
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray]:
         k = int(np.searchsorted(self.starts, i, side="right")) - 1

@@ -268,8 +268,8 @@ class EpochSegmentation(Dataset):
     def __len__(self) -> int:
         return len(self.fixed)
 
-    def sizes(self) -> np.ndarray:
-        return self.pairs.sizes()
+    def padded_lengths(self) -> np.ndarray:
+        return self.pairs.padded_lengths()
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray]:
         return self.pairs[i]

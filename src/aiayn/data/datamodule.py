@@ -326,14 +326,13 @@ class TranslationDataModule(pl.LightningDataModule):
         """Every pair of ``role`` is at most ``limit`` tokens long (source + EOS, BOS + target), else a
         :class:`DataError` that names the file and line of the longest and the setting ``key`` to raise."""
         dataset = self.datasets[role]
-        sizes = dataset.sizes()
-        worst = int(sizes.argmax())
-        if sizes[worst] > limit:
+        lengths = dataset.padded_lengths()
+        worst, side = np.unravel_index(int(lengths.argmax()), lengths.shape)
+        if lengths[worst, side] > limit:
             row = int(dataset.indices[worst])
-            src_longer = dataset.src.lengths[row] >= dataset.tgt.lengths[row]
-            where = self.corpus.at(self.split_names[role], row, self.src_lang if src_longer else self.tgt_lang)
+            where = self.corpus.at(self.split_names[role], row, self.src_lang if side == 0 else self.tgt_lang)
             raise DataError(
-                f"{where}: this {role} sentence is {sizes[worst]} tokens long, more than {key}={limit}; "
+                f"{where}: this {role} sentence is {lengths[worst, side]} tokens long, more than {key}={limit}; "
                 f"raise {key} or remove the sentence"
             )
 
@@ -362,10 +361,9 @@ class TranslationDataModule(pl.LightningDataModule):
     def _sampler(self, role: str, max_tokens: int) -> TokenBudgetBatchSampler:
         world, rank = self._ranks()
         training = role == "train"
-        sizes = self.datasets[role].sizes()
         group = self.trainer.accumulate_grad_batches if training and self.trainer is not None else 1
         return TokenBudgetBatchSampler(
-            sizes,
+            self.datasets[role].padded_lengths(),
             max_tokens,
             seed=self.seed,
             shuffle=training,

@@ -126,9 +126,10 @@ class ParallelDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
-    def sizes(self) -> np.ndarray:
-        """Per pair: the longer of source + EOS and target + BOS/EOS, i.e. its padded length in a batch."""
-        return np.maximum(self.src.lengths[self.indices], self.tgt.lengths[self.indices]) + 1
+    def padded_lengths(self) -> np.ndarray:
+        """Per pair (rows), its source + EOS and BOS + target lengths (columns): its length on each side of a
+        batch; the longer one is its size (:class:`~aiayn.data.sampler.TokenBudgetBatchSampler`)."""
+        return np.stack([self.src.lengths[self.indices], self.tgt.lengths[self.indices]], axis=1) + 1
 
     def __getitem__(self, i: int) -> tuple[int, np.ndarray, np.ndarray]:
         j = int(self.indices[i])

@@ -102,7 +102,7 @@ def takes_media(logger: object) -> bool:
 
 def attention_sentence(dataset: Any) -> int:
     """Position of the fixed attention-map pair: the first short one, else the shortest."""
-    sizes = dataset.sizes()
+    sizes = dataset.padded_lengths().max(axis=1)
     short = np.flatnonzero(sizes <= ATTENTION_MAX_TOKENS)
     return int(short[0]) if len(short) else int(np.argmin(sizes))
 
