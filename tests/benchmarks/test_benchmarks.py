@@ -103,6 +103,15 @@ def test_the_raced_batches_span_the_epochs_lengths_and_the_ratios_are_taken_roun
     assert workload.ratio_spread([2.0, 4.0, 9.0], [1.0, 3.0, 3.0]) == {"median": 2.0, "min": 1.333, "max": 3.0}
 
 
+def test_padding_compares_the_batches_by_size_with_those_by_longer_side_over_epochs(run_benchmark: Benchmark) -> None:
+    result = run_benchmark("padding.py", "--epochs", "2")
+    by_size, by_side = result["size"], result["size, longer side"]
+    # the generated corpus translates word for word: its sides are about as long, and the side gains
+    # little (tests/data/test_sampler.py measures that gain on pairs whose sides differ)
+    assert 0.5 < by_size["fill"] <= by_side["fill"] < 1 and 0.5 < by_size["target_fill"] <= by_side["target_fill"] < 1
+    assert 0 < by_size["mates_kept"] <= by_side["mates_kept"] < 1
+
+
 def test_efficiency_times_our_step_on_every_batch_against_the_matmul_ceiling(
     run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
 ) -> None:
