@@ -28,6 +28,14 @@ def max_over_ranks(values: Sequence[float] | torch.Tensor, device: torch.device 
     return _all_reduce(values, device, torch.distributed.ReduceOp.MAX)
 
 
+def device_max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` with each element at its largest over the ranks, in place on its device (the host does
+    not wait for the values, unlike :func:`max_over_ranks`, which reads them)."""
+    if distributed():
+        torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
+    return tensor
+
+
 def _all_reduce(values: Sequence[float] | torch.Tensor, device: torch.device | str, op: Any) -> list[float]:
     if not distributed() or torch.distributed.get_world_size() == 1:
         # A single process reads its own values back: no float64 tensor on a device that may lack them (MPS).

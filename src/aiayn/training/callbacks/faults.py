@@ -30,7 +30,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 
 from aiayn.errors import TrainingDiverged
 from aiayn.training.callbacks.cadence import metrics_flushed_at
-from aiayn.training.distributed import distributed
+from aiayn.training.distributed import device_max_over_ranks
 
 log = logging.getLogger(__name__)
 MIN_LOSS_SCALE = 1e-4  # fp16: a scaler this low means gradients overflow at any scale (fairseq's floor too)
@@ -90,9 +90,8 @@ class NonFiniteGuard(pl.Callback):
             self._loss_bad if self._loss_bad is not None else torch.zeros((), dtype=torch.bool, device=norm.device)
         )
         self._loss_bad = None
-        flags = torch.stack([loss_bad, ~torch.isfinite(norm)]).float()  # (loss, gradients)
-        if distributed():  # losses differ by rank, gradients not; every rank gets the largest flags
-            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        # (loss, gradients); losses differ by rank, gradients not: every rank gets the largest flags
+        flags = device_max_over_ranks(torch.stack([loss_bad, ~torch.isfinite(norm)]).float())
         step = trainer.global_step + 1
         if metrics_flushed_at(trainer, step):
             pl_module.log("train/grad_norm", norm, batch_size=1)
@@ -104,17 +103,15 @@ class NonFiniteGuard(pl.Callback):
             self._flagged = optimizer
             self._count(bad, flags[0])
         else:
-            self._decide_on_host(trainer, pl_module, flags, step)
+            self._decide_on_host(pl_module, scaler, flags, step)
         pl_module.log("train/skipped_steps", self._counts[0].float(), batch_size=1)  # read only when flushed
         if scaler is not None:
             pl_module.log("train/overflow_steps", float(self.overflows), batch_size=1)
 
-    def _decide_on_host(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, flags: torch.Tensor, step: int
-    ) -> None:
-        """The path of optimizers without ``found_inf``: the host reads the flags and drops the gradients."""
+    def _decide_on_host(self, pl_module: pl.LightningModule, scaler: Any, flags: torch.Tensor, step: int) -> None:
+        """The path of optimizers without ``found_inf``, or with fp16's gradient ``scaler``: the host reads
+        the flags and drops the gradients."""
         loss_bad, grad_bad = (flag > 0 for flag in flags.tolist())
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
         if grad_bad and not loss_bad and scaler is not None:
             self.overflows += 1  # the scaler finds the infinities itself, skips this step and halves its scale
             scale = scaler.get_scale()
