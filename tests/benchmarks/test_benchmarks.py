@@ -112,6 +112,14 @@ def test_padding_compares_the_batches_by_size_with_those_by_longer_side_over_epo
     assert 0 < by_size["mates_kept"] <= by_side["mates_kept"] < 1
 
 
+def test_fusion_times_the_residual_chain_eager_and_compiled(run_benchmark: Benchmark) -> None:
+    args = ("--tokens", "64", "--d-model", "32", "--dropout", "0.1", "--rounds", "2", "--repeats", "1")
+    result = run_benchmark("fusion.py", *args, data=False)["d32_p0.1"]
+    assert set(result["ms"]) == {"eager", "compiled"} and min(result["ms"].values()) > 0
+    low, high = result["range"]
+    assert 0 < low <= result["compiled_speedup"] <= high
+
+
 def test_efficiency_times_our_step_on_every_batch_against_the_matmul_ceiling(
     run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
 ) -> None:

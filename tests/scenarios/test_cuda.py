@@ -1,22 +1,27 @@
-"""What only a CUDA GPU can check: mixed-precision training steps, SDPA's fused kernels, beam search and
-the exported CTranslate2 engine on the GPU. Skipped without one; ``benchmarks/gpu_check.sh`` runs them."""
+"""What only a CUDA GPU can check: mixed-precision training steps, training steps that never make the host
+wait, SDPA's fused kernels, beam search and the exported CTranslate2 engine on the GPU. Skipped without
+one; ``benchmarks/gpu_check.sh`` runs them."""
 
 from __future__ import annotations
 
 import csv
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import pytorch_lightning as pl
 import torch
 
+from aiayn.config.compose import compose_run_config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
+from aiayn.experiments.run import train
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search
 from helpers.extras import dev_extra
-from helpers.runs import SMOKE_RUN_EXTRA, smoke_run
+from helpers.runs import SMOKE_RUN_EXTRA, resumable_run, smoke_run
 
 pytestmark = [
     pytest.mark.cuda,
@@ -69,25 +74,75 @@ def test_mixed_precision_training_steps_learn_as_the_cpu_run_does(
         assert results["overflow_steps"] < 12  # the gradient scaler skipped at most a few
 
 
-def test_sdpa_takes_a_fused_kernel_on_the_gpu() -> None:
-    """Restricted to one fused kernel, SDPA raises when it cannot use it: flash attention for the
-    unpadded (and causal) batches, memory-efficient attention for a padded one."""
+def attention_calls(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
+    """The three attentions of §3.2.3 as training calls them: encoder self-attention and encoder-decoder
+    attention with the source padding mask, the decoder's masked self-attention causal and unmasked."""
+    padding = src.eq(0)
+    x, y = model._embed(model.src_embed, src), model._embed(model.tgt_embed, tgt)
+    memory = model.encoder[0](x, padding)
+    return {
+        "encoder": lambda: model.encoder[0].self_attn(x, key_padding_mask=padding),
+        "cross": lambda: model.decoder[0].cross_attn(y, memory, key_padding_mask=padding),
+        "decoder": lambda: model.decoder[0].self_attn(y, causal=True),
+    }
+
+
+@pytest.mark.parametrize(
+    ("kind", "kernel", "refused"),
+    [("encoder", "EFFICIENT_ATTENTION", "FLASH_ATTENTION"), ("cross", "EFFICIENT_ATTENTION", "FLASH_ATTENTION"),
+     ("decoder", "FLASH_ATTENTION", None)],
+)  # fmt: skip
+def test_each_attention_takes_a_fused_kernel_on_the_gpu(kind: str, kernel: str, refused: str | None) -> None:
+    """Restricted to one kernel, SDPA raises when it cannot use it. The decoder's causal self-attention
+    takes FlashAttention; attention under a padding mask (every batch passes one: asking whether a batch
+    has padding would make the host wait) takes memory-efficient attention, which FlashAttention refuses."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model = sharp_model(100).cuda().to(torch.bfloat16)
     src = torch.randint(4, 100, (8, 20), device="cuda")
+    src[:4, 12:] = 0
     tgt = torch.randint(4, 100, (8, 15), device="cuda")
     with torch.no_grad():
-        reference = model(src, tgt)
-        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-            flash = model(src, tgt)
-        padded = src.clone()
-        padded[:4, 12:] = 0
-        padded_reference = model(padded, tgt)
-        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
-            efficient = model(padded, tgt)
-    assert (flash.float() - reference.float()).abs().max() < 0.1
-    assert (efficient.float() - padded_reference.float()).abs().max() < 0.1
+        call = attention_calls(model, src, tgt)[kind]
+        with sdpa_kernel([SDPBackend.MATH]):
+            reference = call()
+        with sdpa_kernel([getattr(SDPBackend, kernel)]):
+            fused = call()
+        if refused is not None:
+            with sdpa_kernel([getattr(SDPBackend, refused)]), pytest.raises(RuntimeError):
+                call()
+    assert (fused.float() - reference.float()).abs().max() < 0.1
+
+
+def test_steady_state_training_steps_never_make_the_host_wait(
+    corpus_root: Path, cache_dir: Path, tmp_path: Path
+) -> None:
+    """``torch.cuda.set_sync_debug_mode("error")`` through every training step whose metrics are not
+    logged, after the first two: any operation that makes the host wait for the GPU raises (the CPU
+    test, tests/training/test_host_syncs.py, counts the reads that would)."""
+    steps, log_every = 12, 4
+
+    class NoSyncs(pl.Callback):
+        checked = 0
+
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            step = trainer.global_step + 1
+            if step > 2 and step % log_every:
+                torch.cuda.set_sync_debug_mode("error")
+                self.checked += 1
+
+        def on_train_batch_end(self, *args: Any) -> None:
+            torch.cuda.set_sync_debug_mode(0)
+
+    extra = ("hardware=gpu", "data.num_workers=0", f"trainer.max_steps={steps}", f"checkpoint.every_steps={steps}")
+    overrides = resumable_run(corpus_root, cache_dir, *extra, pairs=500, eval_pairs=4, log_every=log_every,
+                              deterministic=False)  # fmt: skip
+    checker = NoSyncs()
+    try:
+        results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[checker])
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert results["steps"] == steps and checker.checked == 8
 
 
 def test_cached_beam_search_equals_recomputing_on_the_gpu() -> None:
