@@ -80,6 +80,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         """``sizes``: per pair, its size, or its (source, target) lengths as padded (source + EOS, BOS + target)."""
         sizes = np.asarray(sizes, dtype=np.int64)
         self.longer_side: np.ndarray | None = None
+        self._by_size_epoch: int | None = None  # an earlier aiayn's epoch, resumed in its own batches
         if sizes.ndim == 2:
             self.longer_side = np.sign(sizes[:, 1] - sizes[:, 0])  # -1: source, 0: neither, 1: target
             sizes = sizes.max(axis=1, initial=0)
@@ -114,7 +115,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     def _by_length(self, order: np.ndarray) -> np.ndarray:
         """``order`` sorted by size, then by the longer side; stable: ties keep the seeded order, so they
         differ between epochs."""
-        if self.longer_side is None:
+        if not self._by_side():
             return order[np.argsort(self.sizes[order], kind="stable")]
         return order[np.lexsort((self.longer_side[order], self.sizes[order]))]
 
@@ -173,9 +174,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             self._resume = None  # that epoch is over
         return self._resume["position"] if self._resume is not None else 0
 
+    def _by_side(self) -> bool:
+        """Whether this epoch's pairs of one size are grouped by their longer side."""
+        return self.longer_side is not None and self.sampler.epoch != self._by_size_epoch
+
     def _layout(self) -> dict[str, int]:
         layout = {"pairs": len(self.sizes), "max_tokens": self.max_tokens, "seed": self.sampler.seed}
-        if self.longer_side is not None:  # a checkpoint of an aiayn that did not group by side lacks it
+        if self._by_side():  # a checkpoint of an aiayn that batched by size alone lacks it
             layout["by_side"] = 1
         return layout
 
@@ -189,9 +194,14 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue the checkpoint's epoch after its ``position``; a checkpoint of other data or
-        batching settings restarts the epoch instead (its position would mean other batches)."""
-        layout = {key: state.get(key) for key in self._layout()}
-        if layout != self._layout():
+        batching settings restarts the epoch instead (its position would mean other batches). The
+        checkpoint of an aiayn that batched by size alone finishes its epoch in those batches: the
+        training loop counts the batches it already took, so a restart would skip as many."""
+        self._by_size_epoch = None
+        layout = {key: state.get(key) for key in ("pairs", "max_tokens", "seed", "by_side")}
+        grouped = self.longer_side is not None and layout["by_side"] in (None, 1)  # 1: by side, None: by size
+        own = {**self._layout(), "by_side": layout["by_side"] if grouped else None}
+        if layout != own:
             log.warning(
                 "the checkpoint's batches were made with %s, these with %s: its epoch restarts from the beginning",
                 layout,
@@ -199,6 +209,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
             )
             return
         self.set_epoch(state["epoch"])
+        if self.longer_side is not None and layout["by_side"] is None:
+            self._by_size_epoch = int(state["epoch"])
         self._resume = {key: int(state[key]) for key in ("epoch", "position", "consumed")}
 
 
