@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Everything GPU-specific, on one CUDA GPU, in under 8 minutes: the CUDA-marked tests, model=base bf16
-# training tokens/s and MFU through aiayn-train, and decoding speeds (ours, generate, CTranslate2 float16).
+# Everything GPU-specific, on one CUDA GPU, in under 8 minutes: the CUDA-marked tests (sync-free steps,
+# the kernel of each attention ...), bf16 training tokens/s and MFU through aiayn-train at model=base,
+# model=big and base compiled, the residual chain eager vs compiled, and decoding speeds (ours, generate,
+# CTranslate2 float16).
 # The last line printed is one JSON object. Needs only the repository: it installs the project (and its
 # dev extras: transformers, ctranslate2) when they are missing; a torch with CUDA must be there or
 # installable.
