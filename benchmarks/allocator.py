@@ -41,7 +41,7 @@ def main() -> None:
     def run_steps() -> float:
         start = time.perf_counter()
         for batch in batches:
-            loss, _ = module.loss(module.model(batch["src"], batch["tgt_in"]), batch["tgt_out"], 0.1)
+            loss, _ = module.training_loss(batch)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -58,16 +58,10 @@ def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: 
     smoothing, pad = module.hparams.label_smoothing, module.pad_id
 
     def step(batch: dict[str, Any]) -> None:
-        if torch_loss:
-            logits = module.model(batch["src"], batch["tgt_in"])
-            total = F.cross_entropy(
-                logits.flatten(0, 1),
-                batch["tgt_out"].flatten(),
-                ignore_index=pad,
-                label_smoothing=smoothing,
-                reduction="sum",
-            )
-            loss = total / int(batch["lengths"][:, 1].sum())
+        if torch_loss:  # on the same real target positions: only the loss differs
+            logits, target = module.real_target_logits(batch)
+            total = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=smoothing, reduction="sum")
+            loss = total / target.numel()
         else:
             loss, _ = module.training_loss(batch)
         loss.backward()

@@ -93,12 +93,11 @@ class TranslationModule(pl.LightningModule):
         """The label-smoothed loss of a training batch and its real target tokens: all a training step
         computes before the backward pass (the benchmarks' bare loops call it too)."""
         logits, target = self.real_target_logits(batch)
-        n_tokens = int(batch["lengths"][:, 1].sum())  # the collator's count, on the CPU
-        return self.loss(logits, target, self.optim.label_smoothing, n_tokens)
+        return self.loss(logits, target, self.optim.label_smoothing, target.numel())  # a shape: no wait
 
     def real_target_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced logits (N, vocab) at the batch's N real target positions and their reference ids
-        (N,): padding positions (5-10% of a batch's targets) get no output projection, softmax or loss."""
+        (N,): padding positions get no output projection, softmax or loss."""
         rows = batch["target_rows"]
         return self.model(batch["src"], batch["tgt_in"], rows), batch["tgt_out"].flatten().index_select(0, rows)
 
@@ -124,8 +123,7 @@ class TranslationModule(pl.LightningModule):
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         logits, target = self.real_target_logits(batch)
-        n_tokens = int(batch["lengths"][:, 1].sum())
-        nll, _ = self.loss(logits, target, 0.0, n_tokens)
+        nll, n_tokens = self.loss(logits, target, 0.0, target.numel())
         smoothed, _ = self.loss(logits, target, self.optim.label_smoothing, n_tokens)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
