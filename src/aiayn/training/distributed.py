@@ -23,9 +23,22 @@ def summed_over_ranks(values: Sequence[float] | torch.Tensor, device: torch.devi
     return _all_reduce(values, device, torch.distributed.ReduceOp.SUM)
 
 
-def max_over_ranks(values: Sequence[float] | torch.Tensor, device: torch.device | str = "cpu") -> list[float]:
-    """Each of ``values`` at its largest over the ranks: a flag any rank raised (1.0) reaches them all."""
-    return _all_reduce(values, device, torch.distributed.ReduceOp.MAX)
+def max_over_ranks(
+    values: Sequence[float] | torch.Tensor, device: torch.device | str = "cpu", group: Any = None
+) -> list[float]:
+    """Each of ``values`` at its largest over the ranks: a flag any rank raised (1.0) reaches them all.
+    ``group``: the process group to reduce over (:func:`host_group` for values that live on the host)."""
+    return _all_reduce(values, device, torch.distributed.ReduceOp.MAX, group)
+
+
+def host_group() -> Any:
+    """A process group of all ranks whose collectives run on the CPU, for flags the host holds: exchanging
+    them over NCCL would copy them to the GPU and back, and the copy back waits for every kernel queued
+    before it (a host-device sync per call). ``None`` (the default group) where that already is gloo, or
+    in a single process. A collective: every rank calls it at the same point."""
+    if not distributed() or torch.distributed.get_backend() == "gloo":
+        return None
+    return torch.distributed.new_group(backend="gloo")
 
 
 def device_max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
@@ -36,12 +49,14 @@ def device_max_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def _all_reduce(values: Sequence[float] | torch.Tensor, device: torch.device | str, op: Any) -> list[float]:
+def _all_reduce(
+    values: Sequence[float] | torch.Tensor, device: torch.device | str, op: Any, group: Any = None
+) -> list[float]:
     if not distributed() or torch.distributed.get_world_size() == 1:
         # A single process reads its own values back: no float64 tensor on a device that may lack them (MPS).
         return [float(value) for value in (values.tolist() if isinstance(values, torch.Tensor) else values)]
     tensor = torch.as_tensor(values, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(tensor, op=op)
+    torch.distributed.all_reduce(tensor, op=op, group=group)
     return tensor.tolist()
 
 

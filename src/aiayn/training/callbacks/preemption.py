@@ -1,6 +1,7 @@
 """The signals a scheduler sends before it stops or requeues a job: the run saves where it is and stops,
 so that the same command continues it. All DDP ranks decide alike (an all-reduce of the signal's
-number at each optimizer step), so every rank saves and stops at the same step.
+number at each optimizer step, on the CPU: it never waits for a GPU), so every rank saves and stops at
+the same step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.callbacks import Checkpoint
 
 from aiayn.training.callbacks.checkpointing import LastCheckpoint
-from aiayn.training.distributed import max_over_ranks
+from aiayn.training.distributed import host_group, max_over_ranks
 
 log = logging.getLogger(__name__)
 # A scheduler stopping the job (SLURM's preemption, its time limit), and Ctrl-C at a terminal.
@@ -60,6 +61,7 @@ class Preemption(Checkpoint):
         self.stop: Preempted | None = None
         self._previous: dict[int, Any] = {}
         self._step: int | None = None
+        self._group: Any = None  # where the ranks exchange the signal: distributed.host_group
 
     def _notice(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.received == signal.SIGINT:
@@ -68,13 +70,14 @@ class Preemption(Checkpoint):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._step = trainer.global_step
+        self._group = host_group()
         if threading.current_thread() is threading.main_thread():  # Python handles signals there only
             for signum in (*PREEMPTION_SIGNALS, *REQUEUE_SIGNALS):
                 self._previous[signum] = signal.signal(signum, self._notice)
 
-    def _agreed_signal(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+    def _agreed_signal(self) -> int:
         """The signal any rank received (every rank calls this at the same point), or 0."""
-        (signum,) = max_over_ranks([self.received], pl_module.device)
+        (signum,) = max_over_ranks([self.received], "cpu", self._group)
         return int(signum)
 
     def on_train_batch_end(
@@ -83,7 +86,7 @@ class Preemption(Checkpoint):
         if trainer.global_step == self._step or self.stop is not None:
             return  # in the middle of a gradient accumulation: its batches are not in any checkpoint
         self._step = trainer.global_step
-        signum = self._agreed_signal(trainer, pl_module)
+        signum = self._agreed_signal()
         if signum:
             self.last.save_in_loop(trainer)
             self._stopped(signum, trainer)
@@ -91,7 +94,7 @@ class Preemption(Checkpoint):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or self.stop is not None:
             return
-        signum = self._agreed_signal(trainer, pl_module)
+        signum = self._agreed_signal()
         if signum:  # the validation's own checkpoints, last.ckpt among them, were just written
             self._stopped(signum, trainer)
 
