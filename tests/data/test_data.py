@@ -22,7 +22,9 @@ def datamodule(root: Path, cache: Path, **kwargs: object) -> Multi30kDataModule:
 
 def test_tokenizer_and_encoded_splits_are_cached(corpus_root: Path, cache_dir: Path) -> None:
     first = datamodule(corpus_root, cache_dir)
-    cached = sorted(first.tokenizer.model_file.parent.iterdir())
+    # The cache is the session's, shared by the test processes: another one's file being written (a
+    # hidden temporary, renamed into place when whole) is not this test's.
+    cached = sorted(p for p in first.tokenizer.model_file.parent.iterdir() if not p.name.startswith("."))
     stamps = {p: p.stat().st_mtime_ns for p in cached}
     second = datamodule(corpus_root, cache_dir, src_lang="de", tgt_lang="en")  # same pair, other way
     assert second.tokenizer.model_file == first.tokenizer.model_file
