@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -49,8 +50,24 @@ def in_workers(
     # fork on Linux, as DataLoader workers: a worker starts at once, and the caller's script is not
     # imported again (spawn and forkserver re-run an unguarded script in every worker).
     context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(workers, initializer=start, initargs=start_args) as pool:
+    with context.Pool(workers, initializer=_start_in_worker, initargs=(start, start_args)) as pool:
         yield from pool.imap(function, jobs)
+        # Every job done: the workers end at the pool's sentinels. Leaving the block ends them with SIGTERM
+        # instead, which a worker forked from the training process may only note (its handlers are
+        # Lightning's and aiayn's until _start_in_worker runs): it then waits for a next job for ever, and
+        # the training process with it (seen at the end of an epoch's BPE-dropout draw).
+        pool.close()
+        pool.join()
+
+
+def _start_in_worker(start: Callable[..., None], start_args: tuple[Any, ...]) -> None:
+    """A worker's own signal handling, then ``start(*start_args)``: SIGTERM ends it (a pool left early,
+    on an error, ends its workers so); Ctrl-C and the schedulers' notices (SIGINT, SIGUSR1, SIGUSR2) are
+    the training process's to act on."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for signum in (signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_IGN)
+    start(*start_args)
 
 
 def flatten(ids: list[list[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
