@@ -2,14 +2,16 @@
 
 1. the CUDA-marked tests (`tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed training steps, training
    steps under `torch.cuda.set_sync_debug_mode("error")` (no host sync outside the logging steps), the
-   SDPA kernel each attention takes (FlashAttention for the decoder's causal self-attention,
-   memory-efficient attention under the padding masks of encoder and cross attention), cached vs
+   SDPA kernel each attention takes (FlashAttention for the decoder's causal self-attention and for
+   encoder and cross attention over packed sequences, memory-efficient attention under their padding
+   masks), cached vs
    recomputed beam search on the GPU, the exported CTranslate2 engine on CUDA); the names of any that
    failed are listed;
 2. training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k pairs, 8000-piece
    BPE, the paper's 25000-token batches) at `model=base` and `model=big`, and at `model=base` with
-   `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu` (median
-   of the logged steps after the first 20, so compiling is not counted);
+   `model.packed_attention=true` (encoder and cross attention over packed sequences, by FlashAttention-2)
+   and with `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
+   (median of the logged steps after the first 20, so compiling is not counted);
 3. the residual chain `LayerNorm(x + Dropout(y))` eager against a compiled region (`benchmarks/fusion.py`);
 4. decoding speed (`benchmarks/decoding.py` on the GPU): our beam search under bf16 autocast,
    `generate` in bf16 and CTranslate2 float16 on the same random `small` model, 512 sentences.
@@ -38,7 +40,9 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 # seconds: 8 minutes in all, with the set-up; training's include the tokenizer (trained once, cached)
-TIMEOUTS = {"tests": 180, "train": 90, "train_big": 60, "train_compiled": 70, "fusion": 30, "decoding": 40}
+TIMEOUTS = {
+    "tests": 170, "train": 85, "train_packed": 45, "train_big": 55, "train_compiled": 65, "fusion": 25, "decoding": 35
+}  # fmt: skip
 
 
 def timed_out(part: Callable[[], dict[str, Any]], name: str) -> dict[str, Any]:
@@ -159,6 +163,10 @@ def main() -> None:
         if not args.skip_train:
             result["train_base_bf16"] = timed_out(lambda: training(folder, "base", args.steps, "train"), "train")
             big = args.steps // 2
+            packed = ("model.packed_attention=true",)
+            result["train_base_bf16_packed"] = timed_out(
+                lambda: training(folder, "base", big, "train_packed", *packed), "train_packed"
+            )
             result["train_big_bf16"] = timed_out(lambda: training(folder, "big", big, "train_big"), "train_big")
             compiled = ("model.compile=true",)
             result["train_base_bf16_compiled"] = timed_out(

@@ -8,6 +8,8 @@ their lowest and highest:
 - `F.cross_entropy`: torch's label-smoothed loss instead of `aiayn.training.loss`;
 - `Adam for-loop`: Adam without its fused kernel;
 - `none of them`: all three undone (the step before this work);
+- `model.packed_attention`: the encoder and encoder-decoder attention over packed sequences (for a GPU's
+  FlashAttention-2; on the CPU SDPA runs them sequence by sequence);
 - `model.compile` (with `--compile`): `torch.compile` on top of the step (compiling takes minutes).
 Usage: python benchmarks/speedups.py [--data ../shared/data/multi30k] [--model base] [--steps 3]
        [--rounds 3] [--compile]
@@ -40,10 +42,13 @@ from workload import (
 )
 
 
-def variant(cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool) -> Step:
+def variant(
+    cfg: DictConfig, torch_dropout: bool, torch_loss: bool, fused_adam: bool, compile: bool, packed: bool = False
+) -> Step:
     """A training step of ``cfg``'s module with the chosen parts."""
     torch.manual_seed(0)
-    module = dataclasses.replace(module_settings(cfg), compile=compile).build().train()
+    settings = dataclasses.replace(module_settings(cfg), compile=compile, packed_attention=packed)
+    module = settings.build().train()
     if torch_dropout:
         for parent in list(module.model.modules()):
             for name, child in parent.named_children():
@@ -87,6 +92,7 @@ def main() -> None:
         "F.cross_entropy": (False, True, True, False),
         "Adam for-loop": (False, False, False, False),
         "none of them": (True, True, False, False),
+        "packed attention": (False, False, True, False, True),
     }
     if args.compile:
         variants["model.compile"] = (False, False, True, True)

@@ -19,7 +19,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.data.corpus import read_lines
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.experiments.run import train
-from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search
+from aiayn.model import DecodingOptions, Packing, Transformer, TransformerConfig, beam_search
 from helpers.extras import dev_extra
 from helpers.runs import SMOKE_RUN_EXTRA, resumable_run, smoke_run
 
@@ -74,15 +74,24 @@ def test_mixed_precision_training_steps_learn_as_the_cpu_run_does(
         assert results["overflow_steps"] < 12  # the gradient scaler skipped at most a few
 
 
+def packing(lengths: torch.Tensor, width: int) -> Packing:
+    """The packing of a right-padded batch of ``width`` with these real lengths, as the collator makes it."""
+    rows = (torch.arange(width, device=lengths.device) < lengths[:, None]).flatten().nonzero().squeeze(1)
+    return Packing(rows, torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]))
+
+
 def attention_calls(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
     """The three attentions of §3.2.3 as training calls them: encoder self-attention and encoder-decoder
     attention with the source padding mask, the decoder's masked self-attention causal and unmasked."""
     padding = src.eq(0)
     x, y = model._embed(model.src_embed, src), model._embed(model.tgt_embed, tgt)
     memory = model.encoder[0](x, padding)
+    source, target = packing(src.ne(0).sum(1), src.size(1)), packing(tgt.ne(0).sum(1), tgt.size(1))
     return {
         "encoder": lambda: model.encoder[0].self_attn(x, key_padding_mask=padding),
         "cross": lambda: model.decoder[0].cross_attn(y, memory, key_padding_mask=padding),
+        "encoder packed": lambda: model.encoder[0].self_attn(x, packed=(source, source)),
+        "cross packed": lambda: model.decoder[0].cross_attn(y, memory, packed=(target, source)),
         "decoder": lambda: model.decoder[0].self_attn(y, causal=True),
     }
 
@@ -90,12 +99,14 @@ def attention_calls(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) ->
 @pytest.mark.parametrize(
     ("kind", "kernel", "refused"),
     [("encoder", "EFFICIENT_ATTENTION", "FLASH_ATTENTION"), ("cross", "EFFICIENT_ATTENTION", "FLASH_ATTENTION"),
+     ("encoder packed", "FLASH_ATTENTION", None), ("cross packed", "FLASH_ATTENTION", None),
      ("decoder", "FLASH_ATTENTION", None)],
 )  # fmt: skip
 def test_each_attention_takes_a_fused_kernel_on_the_gpu(kind: str, kernel: str, refused: str | None) -> None:
     """Restricted to one kernel, SDPA raises when it cannot use it. The decoder's causal self-attention
     takes FlashAttention; attention under a padding mask (every batch passes one: asking whether a batch
-    has padding would make the host wait) takes memory-efficient attention, which FlashAttention refuses."""
+    has padding would make the host wait) takes memory-efficient attention, which FlashAttention refuses;
+    over packed sequences (model.packed_attention) encoder and encoder-decoder attention take FlashAttention."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     model = sharp_model(100).cuda().to(torch.bfloat16)
@@ -114,12 +125,14 @@ def test_each_attention_takes_a_fused_kernel_on_the_gpu(kind: str, kernel: str, 
     assert (fused.float() - reference.float()).abs().max() < 0.1
 
 
+@pytest.mark.parametrize("packed", [False, True])
 def test_steady_state_training_steps_never_make_the_host_wait(
-    corpus_root: Path, cache_dir: Path, tmp_path: Path
+    corpus_root: Path, cache_dir: Path, tmp_path: Path, packed: bool
 ) -> None:
     """``torch.cuda.set_sync_debug_mode("error")`` through every training step whose metrics are not
     logged, after the first two: any operation that makes the host wait for the GPU raises (the CPU
-    test, tests/training/test_host_syncs.py, counts the reads that would)."""
+    test, tests/training/test_host_syncs.py, counts the reads that would); also with attention over
+    packed sequences, whose layout comes with the batch."""
     steps, log_every = 12, 4
 
     class NoSyncs(pl.Callback):
@@ -134,7 +147,8 @@ def test_steady_state_training_steps_never_make_the_host_wait(
         def on_train_batch_end(self, *args: Any) -> None:
             torch.cuda.set_sync_debug_mode(0)
 
-    extra = ("hardware=gpu", "data.num_workers=0", f"trainer.max_steps={steps}", f"checkpoint.every_steps={steps}")
+    extra = ("hardware=gpu", "data.num_workers=0", f"trainer.max_steps={steps}", f"checkpoint.every_steps={steps}",
+             f"model.packed_attention={str(packed).lower()}")  # fmt: skip
     overrides = resumable_run(corpus_root, cache_dir, *extra, pairs=500, eval_pairs=4, log_every=log_every,
                               deterministic=False)  # fmt: skip
     checker = NoSyncs()

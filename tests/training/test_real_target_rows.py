@@ -3,24 +3,14 @@ those of the padded batch, where the padding positions are projected and then ig
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from aiayn.data.dataset import Collator
 from aiayn.model import TransformerConfig
 from aiayn.training.loss import label_smoothed_cross_entropy
 from aiayn.training.module import TranslationModule
 from aiayn.training.schedule import OptimSettings
-
-PAD, BOS, EOS = 0, 2, 3
-
-
-def ragged_batch(lengths: list[tuple[int, int]], vocab: int) -> dict:
-    """A collated batch of random pairs with these (source, target) lengths: padding on both sides."""
-    rng = np.random.default_rng(0)
-    items = [(i, rng.integers(4, vocab, s), rng.integers(4, vocab, t)) for i, (s, t) in enumerate(lengths)]
-    return Collator(PAD, BOS, EOS)(items)
+from helpers.batches import BOS, EOS, PAD, ragged_batch
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.3])

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 # TransformerConfig's fields that a config sets outside ``model``: the vocabulary is the corpus's.
 MODEL_FIELD_KEYS = {"vocab_size": "data.vocab_size"}
+# Keys of the model section that say how to run the model, not what it is: not in its checkpoint's model.
+RUN_FLAGS = ("compile", "packed_attention")
 _FIELD = re.compile(r"(?<![\w.])([a-z_]+)=")  # a field named in a message: "positional=sinusoidal"
 
 
@@ -65,11 +67,12 @@ def parameters(target: Callable[..., Any]) -> list[str]:
 
 
 def transformer_config(cfg: DictConfig) -> TransformerConfig:
-    """The model ``cfg`` describes: ``model.*`` (but ``model.compile``, which says how to run the model,
+    """The model ``cfg`` describes: ``model.*`` (but :data:`RUN_FLAGS`, which say how to run the model,
     not what it is) and the vocabulary of ``data``; a setting it does not have or a value it cannot take
     is a :class:`ConfigError` naming its key."""
     settings = OmegaConf.to_container(cfg.model, resolve=True)
-    settings.pop("compile", None)
+    for key in RUN_FLAGS:
+        settings.pop(key, None)
     settings |= {"vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
     check_known("model", settings, *parameters(TransformerConfig))
     with config_keys("model", MODEL_FIELD_KEYS):
@@ -107,10 +110,12 @@ def optim_settings(optim: DictConfig) -> OptimSettings:
         return OptimSettings(**settings)
 
 
-def compile_flag(value: Any) -> bool:
-    """``model.compile``, which must be true or false (a string such as "no" is not taken for true)."""
+def run_flag(model: DictConfig, key: str) -> bool:
+    """``model.<key>``, one of :data:`RUN_FLAGS` (false when absent), which must be true or false (a
+    string such as "no" is not taken for true)."""
+    value = model.get(key, False)
     if not isinstance(value, bool):
-        raise ConfigError("model.compile", value, "must be true or false")
+        raise ConfigError(f"model.{key}", value, "must be true or false")
     return value
 
 

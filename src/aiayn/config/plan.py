@@ -13,12 +13,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.config.build import (
     check_known,
-    compile_flag,
     config_keys,
     decoding_options,
     instantiated,
     optim_settings,
     parameters,
+    run_flag,
     trainer_options,
     transformer_config,
     validation_decoding,
@@ -40,18 +40,27 @@ from aiayn.training.schedule import DECAYING, OptimSettings
 @dataclass(frozen=True)
 class ModuleSettings:
     """What :class:`~aiayn.training.module.TranslationModule` is made of: the model, the optimisation,
-    the decoding (the tests', and the validations' while training) and whether the forward is compiled."""
+    the decoding (the tests', and the validations' while training), whether the forward is compiled and
+    whether its attention runs over packed sequences."""
 
     model: TransformerConfig
     optim: OptimSettings
     decoding: DecodingOptions
     compile: bool
     val_decoding: DecodingOptions
+    packed_attention: bool = False
 
     def build(self) -> TranslationModule:
         """The module, its initial weights drawn from the generators as they are seeded now."""
         return TranslationModule(
-            self.model, BOS_ID, EOS_ID, self.optim, self.decoding, self.compile, val_decoding=self.val_decoding
+            self.model,
+            BOS_ID,
+            EOS_ID,
+            self.optim,
+            self.decoding,
+            self.compile,
+            val_decoding=self.val_decoding,
+            packed_attention=self.packed_attention,
         )
 
 
@@ -168,9 +177,14 @@ def module_settings(cfg: DictConfig) -> ModuleSettings:
     """The module's parts, each checked, in the order a run checks them (also for what builds a module
     without a run: the benchmarks)."""
     model = transformer_config(cfg)
-    compile = compile_flag(cfg.model.get("compile", False))
+    compile, packed = run_flag(cfg.model, "compile"), run_flag(cfg.model, "packed_attention")
+    if packed and model.positional == "rope":
+        raise ConfigError(
+            "model.packed_attention", True, "cannot rotate positions (model.positional=rope): set it to false"
+        )
     decoding = decoding_options(cfg.decoding)
-    return ModuleSettings(model, optim_settings(cfg.optim), decoding, compile, validation_decoding(cfg.val_decoding))
+    optim, val_decoding = optim_settings(cfg.optim), validation_decoding(cfg.val_decoding)
+    return ModuleSettings(model, optim, decoding, compile, val_decoding, packed)
 
 
 def ema_settings(ema: Any) -> EmaSettings:

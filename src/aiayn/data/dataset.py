@@ -136,6 +136,11 @@ class ParallelDataset(Dataset):
         return i, self.src[j], self.tgt[j]
 
 
+def _real_rows(lengths: np.ndarray, width: int) -> torch.Tensor:
+    """The flat indices (row * width + position) of the first ``lengths[row]`` positions of each row."""
+    return (torch.arange(width) < torch.as_tensor(lengths)[:, None]).flatten().nonzero().squeeze(1)
+
+
 class Collator:
     """Pads a list of pairs into the batch the model trains on.
 
@@ -174,7 +179,11 @@ class Collator:
             # Where the real target tokens sit in tgt_out flattened (row * tgt_len + position): the output
             # projection and the loss run on those rows only. Found here, on the CPU, so that the device
             # gets them with the batch instead of a nonzero() of its own that the host would wait for.
-            "target_rows": (torch.arange(tgt_len) < torch.tensor(lengths[:, 1:])).flatten().nonzero().squeeze(1),
+            "target_rows": _real_rows(lengths[:, 1], tgt_len),
+            # The same for the source, and where each pair's real tokens start among the packed ones,
+            # (source, target) x (B + 1): the layout of attention over packed sequences (aiayn.model.Packing).
+            "source_rows": _real_rows(lengths[:, 0], src_len),
+            "offsets": torch.as_tensor(np.concatenate([np.zeros((2, 1), dtype=np.int64), lengths.T.cumsum(1)], 1)),
         }
         if self.references is not None:
             batch["references"] = [self.references[i] for i, _, _ in items]

@@ -44,7 +44,8 @@ log = logging.getLogger(__name__)
 BATCH_WORDS = {"world_size": "training processes", "accumulation": "batches per optimizer step"}
 
 # Settings that say where a run reads, how fast and how it reports, not what it computes.
-NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", "model.compile", "data.pin_memory")
+NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", "model.compile", "model.packed_attention",
+               "data.pin_memory")  # fmt: skip
 # Settings a resumed run cannot honour: the checkpoint's weights, random state and position in the
 # epoch were made with the stored values.
 FIXED = ("model.", "data.", "seed", "tokens_per_step", "trainer.devices", "trainer.num_nodes",

@@ -4,7 +4,7 @@ The bottom layer of aiayn: it imports only torch and :mod:`aiayn.errors`, so a r
 a loop of their own. Invalid values raise :class:`~aiayn.errors.FieldError` naming the field.
 """
 
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MultiHeadAttention, Packing
 from aiayn.model.beam_search import Hypothesis, beam_search, nbest_search
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, search, translate_ids
@@ -27,6 +27,7 @@ __all__ = [
     "Ensemble",
     "Hypothesis",
     "MultiHeadAttention",
+    "Packing",
     "Transformer",
     "TransformerConfig",
     "batch_training_flops",

@@ -3,12 +3,43 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from aiayn.model.positional import RotaryEmbedding
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Where the real positions of a right-padded batch (B, T) are: ``rows`` (N,), their indices among the
+    B * T flattened positions, in order, and ``offsets`` (B + 1,), where each sequence starts among the N.
+
+    Attention over the packed sequences needs no padding mask: it is what FlashAttention-2's
+    variable-length kernel serves on a GPU, where a dense mask sends SDPA to a slower kernel. The
+    collator finds both tensors on the host, so nothing waits for the device to count tokens.
+    """
+
+    rows: torch.Tensor
+    offsets: torch.Tensor
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, T, ...) → the real positions' (N, ...)."""
+        return x.flatten(0, 1).index_select(0, self.rows)
+
+    def nested(self, values: torch.Tensor, heads: int, width: int) -> torch.Tensor:
+        """Packed (N, heads * d) → a nested tensor (B, heads, j, d) of B sequences of their own lengths;
+        ``width``, the padded length, bounds them (a shape: the kernel's grid needs no count)."""
+        # Each of Q, K, V is a view into the fused projection; the nested kernels want them whole.
+        per_head = values.unflatten(-1, (heads, -1)).contiguous()
+        return torch.nested.nested_tensor_from_jagged(per_head, self.offsets, max_seqlen=width).transpose(1, 2)
+
+    def unpack(self, values: torch.Tensor, batch: int, width: int) -> torch.Tensor:
+        """Packed (N, d) → (B, width, d), zero at the padding positions."""
+        padded = values.new_zeros(batch * width, values.size(-1)).index_copy(0, self.rows, values)
+        return padded.unflatten(0, (batch, width))
 
 
 class MultiHeadAttention(nn.Module):
@@ -55,6 +86,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: torch.Tensor | None = None,
         causal: bool = False,
         cache: dict[str, torch.Tensor] | None = None,
+        packed: tuple[Packing, Packing] | None = None,
     ) -> torch.Tensor:
         """Attend from ``query`` (B, T, d_model) to itself, or to ``memory`` (B, S, d_model).
 
@@ -62,7 +94,12 @@ class MultiHeadAttention(nn.Module):
         (§3.2.3): with right-padded targets a causal mask alone is exact for every real position.
         ``cache`` makes decoding incremental: self-attention appends this step's keys and values to
         those of earlier steps; encoder-decoder attention projects ``memory`` once and reuses it.
+        ``packed``, the :class:`Packing` of the queries' and the keys' batch, attends over packed
+        sequences instead of under ``key_padding_mask`` (not for causal or incremental attention, nor
+        with rotations); the output is zero at padded query positions.
         """
+        if packed is not None:
+            return self._packed(query, memory, *packed)
         h, d_k, d_v = self.n_heads, self.d_k, self.d_v
         past = 0
         if self.self_attention:
@@ -106,6 +143,31 @@ class MultiHeadAttention(nn.Module):
             is_causal=causal and mask is None,
         )  # (B, h, T, d_v)
         return self.out_proj(out.transpose(1, 2).flatten(-2))  # (B, T, d_model)
+
+    def _packed(
+        self, query: torch.Tensor, memory: torch.Tensor | None, queries: Packing, keys: Packing
+    ) -> torch.Tensor:
+        """Non-causal attention over the real positions only: their projections, nested sequences for
+        SDPA (no mask), and the output projection, scattered back to the padded (B, T, d_model)."""
+        if self.rotary is not None or self.recorded is not None:
+            raise ValueError("packed attention neither rotates positions nor records attention weights")
+        h, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        batch, width = query.shape[:2]
+        if self.self_attention:
+            q, k, v = self.qkv_proj(queries.pack(query)).split((h * d_k, h * d_k, h * d_v), dim=-1)
+            key_width = width
+        else:
+            assert memory is not None, "encoder-decoder attention needs the encoder output"
+            q = self.q_proj(queries.pack(query))
+            k, v = self.kv_proj(keys.pack(memory)).split((h * d_k, h * d_v), dim=-1)
+            key_width = memory.size(1)
+        out = F.scaled_dot_product_attention(
+            queries.nested(q, h, width),
+            keys.nested(k, h, key_width),
+            keys.nested(v, h, key_width),
+            dropout_p=self.attn_dropout if self.training else 0.0,
+        )  # (B, h, j, d_v), nested
+        return queries.unpack(self.out_proj(out.transpose(1, 2).values().flatten(-2)), batch, width)
 
 
 def attention_weights(

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from aiayn.model.attention import MultiHeadAttention
+from aiayn.model.attention import MultiHeadAttention, Packing
 from aiayn.model.config import TransformerConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.positional import RotaryEmbedding
@@ -66,8 +66,10 @@ class EncoderLayer(nn.Module):
         self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
-    def forward(self, x: torch.Tensor, src_padding: torch.Tensor | None) -> torch.Tensor:
-        x = self.attn_block(x, lambda y: self.self_attn(y, key_padding_mask=src_padding))
+    def forward(self, x: torch.Tensor, src_padding: torch.Tensor | None, source: Packing | None = None) -> torch.Tensor:
+        """``source``: attend over the packed source sequences instead of under ``src_padding``."""
+        packed = (source, source) if source is not None else None
+        x = self.attn_block(x, lambda y: self.self_attn(y, key_padding_mask=src_padding, packed=packed))
         return self.ffn_block(x, self.ffn)
 
 
@@ -89,11 +91,16 @@ class DecoderLayer(nn.Module):
         memory: torch.Tensor,
         src_padding: torch.Tensor | None,
         cache: dict[str, dict[str, torch.Tensor]] | None = None,
+        packed: tuple[Packing, Packing] | None = None,
     ) -> torch.Tensor:
-        """``cache`` (incremental decoding) holds this layer's ``"self"`` and ``"cross"`` attention caches."""
+        """``cache`` (incremental decoding) holds this layer's ``"self"`` and ``"cross"`` attention caches.
+        ``packed`` (the target's and the source's :class:`Packing`): encoder-decoder attention over packed
+        sequences; the causal self-attention needs no mask and stays padded."""
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
         x = self.self_block(x, lambda y: self.self_attn(y, causal=True, cache=self_cache))
-        x = self.cross_block(x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding, cache=cross_cache))
+        x = self.cross_block(
+            x, lambda y: self.cross_attn(y, memory, key_padding_mask=src_padding, cache=cross_cache, packed=packed)
+        )
         return self.ffn_block(x, self.ffn)

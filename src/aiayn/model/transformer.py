@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from aiayn.model.attention import Packing
 from aiayn.model.config import TransformerConfig
 from aiayn.model.dropout import Dropout
 from aiayn.model.layers import DecoderLayer, EncoderLayer
@@ -98,15 +99,16 @@ class Transformer(nn.Module):
             x = x + self.positions(tokens.size(1), offset)
         return self.embed_dropout(x)
 
-    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (B, S)."""
+    def encode(self, src: torch.Tensor, source: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Source ids (B, S) → encoder output (B, S, d_model) and the source padding mask (B, S).
+        ``source``: self-attention over the packed source sequences (:class:`Packing`) instead."""
         # Always the mask, also for a batch without padding: asking whether it has any would make the host
         # wait for the device (and break a compiled graph in two). SDPA picks the same kernel on the CPU;
         # a GPU's FlashAttention takes no mask, so the rare batch of equal lengths moves to another kernel.
         src_padding = src.eq(self.cfg.pad_id)
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
-            x = layer(x, src_padding)
+            x = layer(x, src_padding, source)
         return self.encoder_norm(x), src_padding
 
     def decode(
@@ -117,6 +119,7 @@ class Transformer(nn.Module):
         state: DecoderState | None = None,
         last_only: bool = False,
         rows: torch.Tensor | None = None,
+        packed: tuple[Packing, Packing] | None = None,
     ) -> torch.Tensor:
         """Shifted target ids (B, T) → logits (B, T, vocab), or (B, 1, vocab) for the last position only.
 
@@ -125,12 +128,13 @@ class Transformer(nn.Module):
         projection of earlier positions, which decoding without a cache does not need. ``rows`` (N,)
         picks positions of the flattened (B * T) ones and gives their logits only, (N, vocab): training
         projects the real target positions, not the padding (the projection to the vocabulary and the
-        softmax are the largest position-wise work of a step).
+        softmax are the largest position-wise work of a step). ``packed`` (the target's and the source's
+        :class:`Packing`): encoder-decoder attention over packed sequences instead of under ``src_padding``.
         """
         offset = state.length if state is not None else 0
         x = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, memory, src_padding, state.layers[i] if state is not None else None)
+            x = layer(x, memory, src_padding, state.layers[i] if state is not None else None, packed)
         if state is not None:
             state.length += tgt_in.size(1)
         if last_only:
@@ -165,7 +169,15 @@ class Transformer(nn.Module):
                 module.recorded = None
             self.train(was_training)
 
-    def forward(self, src: torch.Tensor, tgt_in: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Teacher-forced logits (B, T, vocab), or (N, vocab) at the flattened positions ``rows``."""
-        memory, src_padding = self.encode(src)
-        return self.decode(tgt_in, memory, src_padding, rows=rows)
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt_in: torch.Tensor,
+        rows: torch.Tensor | None = None,
+        packed: tuple[Packing, Packing] | None = None,
+    ) -> torch.Tensor:
+        """Teacher-forced logits (B, T, vocab), or (N, vocab) at the flattened positions ``rows``.
+        ``packed`` (the target's and the source's :class:`Packing`): the encoder's self-attention and the
+        encoder-decoder attention run over packed sequences, without padding masks."""
+        memory, src_padding = self.encode(src, packed[1] if packed is not None else None)
+        return self.decode(tgt_in, memory, src_padding, rows=rows, packed=packed)

@@ -12,7 +12,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
 
-from aiayn.model import PAPER_DECODING, DecodingOptions, Transformer, TransformerConfig, translate_ids
+from aiayn.model import PAPER_DECODING, DecodingOptions, Packing, Transformer, TransformerConfig, translate_ids
 from aiayn.scoring import BLEU_SETTINGS
 from aiayn.training.distributed import gathered_from_ranks
 from aiayn.training.loss import label_smoothed_cross_entropy
@@ -39,7 +39,9 @@ class TranslationModule(pl.LightningModule):
     (:func:`~aiayn.training.schedule.lr_schedule`, eq. 3 by default), stepped once per optimizer step.
     The tests translate by beam search with ``decoding`` (§6.1), and so do the validations, unless
     ``val_decoding`` gives those of a fit their own (:meth:`evaluation_decoding`). ``compile`` runs the
-    model's forward through ``torch.compile`` (beam search calls it eagerly). Each settings object is
+    model's forward through ``torch.compile`` (beam search calls it eagerly); ``packed_attention``, its
+    teacher-forced encoder and encoder-decoder attention over packed sequences, without padding masks
+    (for FlashAttention-2 on a GPU; :class:`~aiayn.model.Packing`). Each settings object is
     checked where it is made; the checkpoint's hyperparameters hold them as plain data, so that they
     load with ``weights_only=True``.
     """
@@ -53,6 +55,7 @@ class TranslationModule(pl.LightningModule):
         decoding: DecodingOptions = PAPER_DECODING,
         compile: bool = False,
         val_decoding: DecodingOptions | None = None,
+        packed_attention: bool = False,
     ) -> None:
         super().__init__()
         self.optim, self.decoding = optim, decoding
@@ -60,7 +63,9 @@ class TranslationModule(pl.LightningModule):
         self.val_decoding = val_decoding or decoding
         # The loggers get the whole composed config from the run (aiayn.training.loggers), not these.
         hyperparameters = {"model": model.to_dict(), "bos_id": bos_id, "eos_id": eos_id, **optim.to_dict()}
-        self.save_hyperparameters({**hyperparameters, "decoding": decoding.to_dict(), "compile": compile}, logger=False)
+        running = {"compile": compile, "packed_attention": packed_attention}
+        self.save_hyperparameters({**hyperparameters, "decoding": decoding.to_dict(), **running}, logger=False)
+        self.packed_attention = packed_attention
         self.model = Transformer(model)
         if compile:
             self.model.compile()  # in place: parameter names (and checkpoints) stay those of eager mode
@@ -99,7 +104,12 @@ class TranslationModule(pl.LightningModule):
         """Teacher-forced logits (N, vocab) at the batch's N real target positions and their reference ids
         (N,): padding positions get no output projection, softmax or loss."""
         rows = batch["target_rows"]
-        return self.model(batch["src"], batch["tgt_in"], rows), batch["tgt_out"].flatten().index_select(0, rows)
+        packed = None
+        if self.packed_attention:
+            offsets = batch["offsets"]
+            packed = Packing(rows, offsets[1]), Packing(batch["source_rows"], offsets[0])
+        logits = self.model(batch["src"], batch["tgt_in"], rows, packed)
+        return logits, batch["tgt_out"].flatten().index_select(0, rows)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.training_loss(batch)
