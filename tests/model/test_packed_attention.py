@@ -9,7 +9,7 @@ import torch
 
 from aiayn.config.compose import compose_run_config
 from aiayn.config.plan import ModuleSettings, module_settings
-from aiayn.model import TransformerConfig
+from aiayn.model import Packing, TransformerConfig
 from aiayn.training.module import TranslationModule
 from helpers.batches import BOS, EOS, ragged_batch
 
@@ -63,3 +63,16 @@ def test_the_flag_reaches_the_module_and_not_the_models_checkpoint() -> None:
     assert settings.build().packed_attention is True
     with pytest.raises(ValueError, match=r"^model.packed_attention=true cannot rotate positions"):
         tiny_settings("model.packed_attention=true", "model.positional=rope")
+
+
+def test_packed_attention_refuses_what_it_cannot_do() -> None:
+    cfg = TransformerConfig(vocab_size=64, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8)
+    module = TranslationModule(model=cfg, bos_id=BOS, eos_id=EOS)
+    batch = ragged_batch(LENGTHS, cfg.vocab_size)
+    target = Packing(batch["target_rows"], batch["offsets"][1])
+    x = torch.zeros(len(LENGTHS), batch["tgt_in"].size(1), cfg.d_model)
+    attention = module.model.decoder[0].self_attn
+    with pytest.raises(ValueError, match="without a causal mask"):
+        attention(x, causal=True, packed=(target, target))
+    with pytest.raises(ValueError, match="a cache"):
+        attention(x, cache={}, packed=(target, target))

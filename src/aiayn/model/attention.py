@@ -99,6 +99,11 @@ class MultiHeadAttention(nn.Module):
         with rotations); the output is zero at padded query positions.
         """
         if packed is not None:
+            if causal or cache is not None or self.rotary is not None or self.recorded is not None:
+                raise ValueError(
+                    "packed attention is for teacher-forced attention without a causal mask, a cache, "
+                    "rotations or recorded weights"
+                )
             return self._packed(query, memory, *packed)
         h, d_k, d_v = self.n_heads, self.d_k, self.d_v
         past = 0
@@ -149,8 +154,6 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Non-causal attention over the real positions only: their projections, nested sequences for
         SDPA (no mask), and the output projection, scattered back to the padded (B, T, d_model)."""
-        if self.rotary is not None or self.recorded is not None:
-            raise ValueError("packed attention neither rotates positions nor records attention weights")
         h, d_k, d_v = self.n_heads, self.d_k, self.d_v
         batch, width = query.shape[:2]
         if self.self_attention:
