@@ -112,6 +112,13 @@ def test_padding_compares_the_batches_by_size_with_those_by_longer_side_over_epo
     assert 0 < by_size["mates_kept"] <= by_side["mates_kept"] < 1
 
 
+def test_positionwise_times_the_feed_forward_on_padded_and_packed_tokens(run_benchmark: Benchmark) -> None:
+    result = run_benchmark("positionwise.py", "--models", "tiny", "--steps", "2", "--rounds", "1")["tiny"]
+    assert set(result) == {"fill", "padded", "packed", "packed here"} and 0.5 < result["fill"] < 1
+    assert result["padded"]["vs_padded"]["median"] == 1.0
+    assert min(result[way]["tokens_per_s"] for way in ("padded", "packed", "packed here")) > 0
+
+
 def test_fusion_times_the_residual_chain_eager_and_compiled(run_benchmark: Benchmark) -> None:
     args = ("--tokens", "64", "--d-model", "32", "--dropout", "0.1", "--rounds", "2", "--repeats", "1")
     result = run_benchmark("fusion.py", *args, data=False)["d32_p0.1"]
