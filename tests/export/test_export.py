@@ -150,8 +150,22 @@ def test_greedy_and_beam_translations_of_both_exports_equal_ours_line_for_line(
     mine = translations("aiayn", options)
     generated = tokenizer.decode(generate_ids(hf, tokenizer.encode(sources), options, tokenizer))
     assert len(mine) == 400 and len(set(mine)) > 300  # real, varied translations
-    assert translations("ct2", options) == mine
-    assert generated == mine
+    assert_same_lines(translations("ct2", options), mine, sources, tokenizer, options.max_len_offset)
+    assert_same_lines(generated, mine, sources, tokenizer, options.max_len_offset)
+
+
+def assert_same_lines(
+    theirs: list[str], mine: list[str], sources: list[str], tokenizer: Tokenizer, offset: int
+) -> None:
+    """Their translations equal ours line for line, but where one of the two runs to its length limit
+    (source + EOS + ``offset`` tokens; within 2 tokens, as the lines are re-encoded): there each engine
+    ranks the cut-off beams its own way (see :func:`assert_same_n_best`). Such lines come from a model
+    that loops, which the fixture's small model does on some CPUs and not on others: at most 1 in 50."""
+    limits = [len(row) + 1 + offset for row in tokenizer.encode(sources)]
+    differ = [i for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if a != b]
+    longest = [max(map(len, tokenizer.encode([theirs[i], mine[i]]))) for i in differ]
+    elsewhere = [i for i, length in zip(differ, longest, strict=True) if length < limits[i] - 2]
+    assert elsewhere == [] and len(differ) <= len(mine) // 50, f"lines {differ} differ, {elsewhere} not at the limit"
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +288,7 @@ def test_the_engines_refuse_what_ours_does_otherwise_in_one_line_before_any_work
 
 
 def test_the_engine_adds_eos_to_the_source_as_the_folder_readme_says(
+    ours: tuple[Transformer, Tokenizer],
     exported: dict[str, Path],
     translations: Callable[[str, DecodingOptions], list[str]],
     sources: list[str],
@@ -305,7 +320,7 @@ def test_the_engine_adds_eos_to_the_source_as_the_folder_readme_says(
         return sp.decode([piece for piece in result.hypotheses[0] if piece != "</s>"])
 
     readme_lines = [as_readme_shows(source) for source in pieces]
-    assert readme_lines == translations("aiayn", POWER)
+    assert_same_lines(readme_lines, translations("aiayn", POWER), sources, ours[1], POWER.max_len_offset)
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(exported["hf"])
     hf_pieces = [hf_tokenizer.convert_ids_to_tokens(hf_tokenizer.encode(line)) for line in sources]
     assert hf_pieces == [[*source, "</s>"] for source in pieces]
