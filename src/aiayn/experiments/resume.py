@@ -26,6 +26,7 @@ from typing import Any
 
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from aiayn.config.build import RUN_FLAGS
 from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
 from aiayn.errors import CheckpointError, ConfigError, show, whole
 from aiayn.files import same_file
@@ -44,8 +45,7 @@ log = logging.getLogger(__name__)
 BATCH_WORDS = {"world_size": "training processes", "accumulation": "batches per optimizer step"}
 
 # Settings that say where a run reads, how fast and how it reports, not what it computes.
-NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", "model.compile", "model.packed_attention",
-               "data.pin_memory")  # fmt: skip
+NOT_COMPARED = (*NOT_IN_RUN_NAMES, "name", "tags", *(f"model.{key}" for key in RUN_FLAGS), "data.pin_memory")
 # Settings a resumed run cannot honour: the checkpoint's weights, random state and position in the
 # epoch were made with the stored values.
 FIXED = ("model.", "data.", "seed", "tokens_per_step", "trainer.devices", "trainer.num_nodes",
