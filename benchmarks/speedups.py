@@ -10,9 +10,12 @@ their lowest and highest:
 - `none of them`: all three undone (the step before this work);
 - `model.packed_attention`: the encoder and encoder-decoder attention over packed sequences (for a GPU's
   FlashAttention-2; on the CPU SDPA runs them sequence by sequence);
-- `model.compile` (with `--compile`): `torch.compile` on top of the step (compiling takes minutes).
+- `model.compile` (with `--compile`): `torch.compile` on top of the step (compiling takes minutes);
+- with `--bf16`, `bf16 autocast`: the step under bf16 autocast, as `aiayn-train` runs it where the CPU
+  multiplies bf16 (`cpu_bf16=auto`: attention in fp32), and `bf16, bf16 attention`: the same with SDPA
+  left to autocast (bf16). Ratios below 1 there mean faster than the fp32 step.
 Usage: python benchmarks/speedups.py [--data ../shared/data/multi30k] [--model base] [--steps 3]
-       [--rounds 3] [--compile]
+       [--rounds 3] [--compile] [--bf16]
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+import aiayn.model.attention
 from aiayn.config.plan import module_settings
 from aiayn.model.dropout import Dropout
-from train_throughput import Step
+from train_throughput import Step, in_precision
 from workload import (
     benchmark_parser,
     machine,
@@ -77,10 +81,25 @@ def variant(
     return step
 
 
+def bf16_attention(step: Step) -> Step:
+    """``step`` with SDPA as autocast runs it on the CPU (bf16), not in fp32."""
+
+    def run(batch: dict[str, Any]) -> None:
+        ours = aiayn.model.attention.scaled_dot_product_attention
+        aiayn.model.attention.scaled_dot_product_attention = F.scaled_dot_product_attention
+        try:
+            step(batch)
+        finally:
+            aiayn.model.attention.scaled_dot_product_attention = ours
+
+    return run
+
+
 def main() -> None:
     parser = benchmark_parser(__doc__, steps=3, rounds=3, steps_help="training batches per round")
     parser.add_argument("--model", default="base", help="a model config (conf/model)")
     parser.add_argument("--compile", action="store_true", help="also race model.compile=true")
+    parser.add_argument("--bf16", action="store_true", help="also race bf16 autocast, attention in fp32 and in bf16")
     args = parse_counts(parser)
 
     prepare_process()
@@ -97,6 +116,9 @@ def main() -> None:
     if args.compile:
         variants["model.compile"] = (False, False, True, True)
     steps = {name: variant(cfg, *parts) for name, parts in variants.items()}
+    if args.bf16:
+        steps["bf16 autocast"] = in_precision(variant(cfg, *variants["aiayn"]), "bf16-mixed")
+        steps["bf16, bf16 attention"] = bf16_attention(in_precision(variant(cfg, *variants["aiayn"]), "bf16-mixed"))
     speeds = race(steps, batches, args.rounds)
     result: dict[str, Any] = {}
     for name in speeds:
@@ -106,11 +128,11 @@ def main() -> None:
 
     print(machine())
     print(f"model={args.model}: {len(batches)} batches per round, {args.rounds} rounds")
-    print(f"{'variant':<18}{'tokens/s (median)':>19}{'all rounds':>36}{'aiayn / variant (median, range)':>34}")
+    print(f"{'variant':<22}{'tokens/s (median)':>19}{'all rounds':>36}{'aiayn / variant (median, range)':>34}")
     for name, values in speeds.items():
         low, high = result.get(f"vs_{name}_range", (0, 0))
         ratio = "" if name == "aiayn" else f"{result[f'vs_{name}']:.3f} ({low:.3f}-{high:.3f})"
-        print(f"{name:<18}{median(values):>19.0f}{' '.join(f'{v:.0f}' for v in values):>36}{ratio:>34}")
+        print(f"{name:<22}{median(values):>19.0f}{' '.join(f'{v:.0f}' for v in values):>36}{ratio:>34}")
     print(json.dumps({**result, "tokens_per_s": {name: round(median(v)) for name, v in speeds.items()}}))
 
 

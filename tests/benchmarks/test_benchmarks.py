@@ -173,3 +173,22 @@ def test_decoding_races_cached_and_recomputed_beam_search_against_generate_and_c
     names = {"aiayn cached", "aiayn recompute", "transformers generate", "ctranslate2 int8"}
     assert set(result["sentences_per_s"]) == set(result["rounds"]) == names
     assert all(len(speeds) == 1 for speeds in result["rounds"].values())
+
+
+def test_speedups_races_bf16_autocast_with_attention_in_fp32_and_in_bf16(
+    run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attended: list[torch.dtype] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q: torch.Tensor, *args: Any, **options: Any) -> torch.Tensor:
+        attended.append(q.dtype)
+        return sdpa(q, *args, **options)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    result = run_benchmark("speedups.py", "--model", "tiny", "--steps", "2", "--rounds", "1", "--bf16")
+    variants = {"nn.Dropout", "F.cross_entropy", "Adam for-loop", "none of them", "packed attention"}
+    variants |= {"bf16 autocast", "bf16, bf16 attention"}
+    assert set(result["tokens_per_s"]) == {"aiayn", *variants} and all(result[f"vs_{name}"] > 0 for name in variants)
+    # 2 layers x 3 attentions x 2 batches x (warm-up + 1 round) per variant: bf16 only where asked for
+    assert attended.count(torch.bfloat16) == 6 * 2 * 2 and len(attended) == 6 * 2 * 2 * (len(variants) + 1)

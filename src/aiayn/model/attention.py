@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -139,7 +140,7 @@ class MultiHeadAttention(nn.Module):
         if self.recorded is not None:
             self.recorded.append(attention_weights(q, k, mask, causal))
         # softmax(Q K^T / sqrt(d_k)) V (§3.2.1); SDPA scales by 1/sqrt(d_k) of q's last dimension.
-        out = F.scaled_dot_product_attention(
+        out = scaled_dot_product_attention(
             q,
             k,
             v,
@@ -164,13 +165,25 @@ class MultiHeadAttention(nn.Module):
             q = self.q_proj(queries.pack(query))
             k, v = self.kv_proj(keys.pack(memory)).split((h * d_k, h * d_v), dim=-1)
             key_width = memory.size(1)
-        out = F.scaled_dot_product_attention(
+        out = scaled_dot_product_attention(
             queries.nested(q, h, width),
             keys.nested(k, h, key_width),
             keys.nested(v, h, key_width),
             dropout_p=self.attn_dropout if self.training else 0.0,
         )  # (B, h, j, d_v), nested
         return queries.unpack(self.out_proj(out.transpose(1, 2).values().flatten(-2)), batch, width)
+
+
+def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, in fp32 on the CPU under autocast.
+
+    On the CPU, autocast would run SDPA in bf16, whose flash-attention backward is several times slower
+    than fp32's (`benchmarks/RESULTS.md`, "bf16 on the CPU"); the matrix products around it keep bf16.
+    """
+    if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **options)
+    return F.scaled_dot_product_attention(q, k, v, **options)
 
 
 def attention_weights(
