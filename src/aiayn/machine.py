@@ -1,8 +1,8 @@
 """What this machine has and how a process runs on it: the CPUs a process may use, its rank among a
-run's processes, the device names, the peak FLOP/s that MFU divides by, and glibc's allocator settings
-for CPU training. A leaf: data, training, the config layer and the commands use it. torch is imported by
-the functions that use it: the commands that only ask for their process's rank here (``aiayn-sweep``) start
-without it."""
+run's processes, the device names, whether the CPU multiplies bf16, the peak FLOP/s that MFU divides
+by, and glibc's allocator settings for CPU training. A leaf: data, training, the config layer and the
+commands use it. torch is imported by the functions that use it: the commands that only ask for their
+process's rank here (``aiayn-sweep``) start without it."""
 
 from __future__ import annotations
 
@@ -85,6 +85,36 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
             tflops = peaks.get(arithmetic)
             return tflops * 1e12 if tflops is not None else None
     return None
+
+
+# CPU flags of matrix units that multiply bf16 in hardware (Intel Cooper Lake and later, AMD Zen 4 and
+# later). Without them bf16 products are converted to fp32 and back, and autocast only adds work.
+BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def lists_bf16_flags(cpuinfo: str) -> bool:
+    """Whether the text of /proc/cpuinfo lists a flag of :data:`BF16_CPU_FLAGS`."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return any(flag in line.split(":", 1)[1].split() for flag in BF16_CPU_FLAGS)
+    return False
+
+
+@functools.cache
+def cpu_multiplies_bf16() -> bool:
+    """Whether this machine's CPU has bf16 matrix instructions (False where there is no /proc/cpuinfo)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.is_file() and lists_bf16_flags(cpuinfo.read_text())
+
+
+def cpu_precision(bf16: bool | str) -> str:
+    """Lightning's precision for training on the CPU: ``bf16-mixed`` (bf16 autocast) for ``bf16`` true,
+    ``32-true`` for false, and for ``"auto"`` bf16 autocast where :func:`cpu_multiplies_bf16`."""
+    if bf16 == "auto":
+        bf16 = cpu_multiplies_bf16()
+    if not isinstance(bf16, bool):
+        raise ValueError(f"{bf16!r} is not one of true, false, auto")
+    return "bf16-mixed" if bf16 else "32-true"
 
 
 @functools.cache

@@ -59,6 +59,7 @@ BAD_CONFIGS = [
     (["name=${{oops}}"], "oops", "cannot be resolved"),  # an interpolation in the run folder's name
     (["tokens_per_step=10"], "tokens_per_step", "10"),
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
+    (["cpu_bf16=yes"], "cpu_bf16", "yes"),  # hardware=cpu's choice of bf16 autocast
     (["trainer.max_steps=0"], "trainer.max_steps", "0"),
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches", "0"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval", "0"),

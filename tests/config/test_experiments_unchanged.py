@@ -31,6 +31,7 @@ ADDED = {
     "checkpoint.average_every": None,
     "checkpoint.answer": "evaluated",  # step checkpoints at validations, as before
     "data.bpe_dropout": 0.0,
+    "cpu_bf16": False,  # fp32 on hardware=cpu whatever the CPU
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

@@ -23,6 +23,7 @@ from helpers.runs import smoke_run, train_in_process
 ALLOWED = re.compile(
     r"Seed set to \d+"
     r"|[GTHI]PU available: .*"
+    r"|Using bfloat16 Automatic Mixed Precision \(AMP\)"  # hardware=cpu where the CPU multiplies bf16
     r"|`Trainer\.fit` stopped: `max_steps=\d+` reached\."
     r"|(Restoring states from|Loaded model weights from) the checkpoint( path)? at \S+\.ckpt(\.\.\.)?"
 )

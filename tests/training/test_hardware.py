@@ -16,11 +16,12 @@ from pytorch_lightning.strategies import DDPStrategy
 
 from aiayn.config.build import trainer_options
 from aiayn.config.compose import compose_config
+from aiayn.machine import cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
 from aiayn.training.batching import accumulation_steps, configure_batching
 from helpers.runs import train_in_process
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
-    "cpu": ("cpu", 1, 1, "32-true", None),
+    "cpu": ("cpu", 1, 1, "bf16-mixed" if cpu_multiplies_bf16() else "32-true", None),
     "cpu_ddp": ("cpu", 2, 1, "32-true", "gloo"),
     "gpu": ("gpu", 1, 1, "bf16-mixed", None),
     "gpu8_ddp": ("gpu", 8, 1, "bf16-mixed", "nccl"),
@@ -45,6 +46,43 @@ def test_every_hardware_option_composes_into_trainer_arguments(option: str) -> N
     if accelerator == "cpu":  # buildable here: a real Trainer with that many processes
         trainer = pl.Trainer(**kwargs, logger=False, enable_checkpointing=False)
         assert trainer.world_size == devices
+
+
+@pytest.mark.parametrize(("choice", "precision"), [("true", "bf16-mixed"), ("false", "32-true")])
+def test_cpu_bf16_chooses_bf16_autocast_or_fp32_on_any_cpu(choice: str, precision: str) -> None:
+    kwargs = trainer_options(compose_config("train", [f"cpu_bf16={choice}"]).trainer)
+    assert kwargs["precision"] == precision
+    trainer = pl.Trainer(**kwargs, logger=False, enable_checkpointing=False)
+    assert trainer.precision == precision
+
+
+CPUINFO = "processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: {name}\nflags\t\t: fpu sse2 avx2 fma {extra}\n\n"
+
+
+@pytest.mark.parametrize(
+    ("vendor", "name", "extra", "bf16"),
+    [
+        ("AuthenticAMD", "AMD EPYC 7B13", "sha_ni", False),  # Zen 3: AVX2 only
+        ("AuthenticAMD", "AMD EPYC 9B14", "avx512f avx512_bf16 avx512_vnni", True),  # Zen 4
+        ("GenuineIntel", "Intel(R) Xeon(R) Platinum 8481C", "avx512f amx_bf16 amx_tile", True),  # Sapphire Rapids
+        ("GenuineIntel", "Intel(R) Xeon(R) CPU @ 2.20GHz", "avx512f avx512bw avx512_vnni", False),  # Cascade Lake
+    ],
+)
+def test_bf16_autocast_is_chosen_where_the_cpu_multiplies_bf16(vendor: str, name: str, extra: str, bf16: bool) -> None:
+    cpuinfo = CPUINFO.format(vendor=vendor, name=name, extra=extra) * 2
+    assert lists_bf16_flags(cpuinfo) is bf16
+    assert not lists_bf16_flags(cpuinfo.replace("flags", "Features").replace("amx_bf16", "bf16"))  # an Arm's
+
+
+def test_cpu_precision_follows_the_machine_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aiayn.machine
+
+    for has_bf16, expected in ((True, "bf16-mixed"), (False, "32-true")):
+        monkeypatch.setattr(aiayn.machine, "cpu_multiplies_bf16", lambda has_bf16=has_bf16: has_bf16)
+        assert cpu_precision("auto") == expected
+        assert (cpu_precision(True), cpu_precision(False)) == ("bf16-mixed", "32-true")
+    with pytest.raises(ValueError, match="'yes'"):
+        cpu_precision("yes")
 
 
 def test_fp16_is_one_override_away_from_bf16() -> None:

@@ -60,6 +60,11 @@ def check_resolvable(cfg: DictConfig) -> None:
     except MissingMandatoryValue as error:
         raise ConfigError(error.full_key, "???", "must be set: it has no default") from None
     except OmegaConfBaseException as error:
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, ConfigError):  # OmegaConf re-raises, in except blocks
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:  # a resolver's own check (aiayn.cpu_precision)
+            raise cause from None
         raise ConfigError(error.full_key, "...", f"cannot be resolved: {error.msg}") from None
 
 
