@@ -178,7 +178,8 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     """``F.scaled_dot_product_attention``, in fp32 on the CPU under autocast.
 
     On the CPU, autocast would run SDPA in bf16, whose flash-attention backward is several times slower
-    than fp32's (`benchmarks/RESULTS.md`, "bf16 on the CPU"); the matrix products around it keep bf16.
+    than fp32's (`benchmarks/RESULTS.md`, "bf16 autocast on a CPU that multiplies bf16"); the matrix
+    products around it keep bf16.
     """
     if q.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
         with torch.autocast("cpu", enabled=False):
