@@ -98,7 +98,7 @@ def main() -> None:
     os.environ.setdefault("WANDB_SILENT", "true")
     prepare_process()
     # The run's own logging (W&B offline + CSV), quiet progress, a small evaluation after training.
-    overrides = ["logger=wandb", "progress=quiet", "data.eval_limit=16", *args.overrides]
+    overrides = ["logger=wandb", "progress=quiet", "data.eval_limit=16", "cpu_bf16=false", *args.overrides]
     cfg = training_config(args.model, args.data, [*overrides, f"trainer.max_steps={args.warmup + args.steps + 1}"])
     trainer = cfg.trainer
     accumulating = trainer.accumulate_grad_batches != 1 or cfg.tokens_per_step is not None

@@ -30,7 +30,8 @@ EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
 
 
 @pytest.mark.parametrize("option", sorted(EXPECTED))
-def test_every_hardware_option_composes_into_trainer_arguments(option: str) -> None:
+def test_every_hardware_option_composes_into_trainer_arguments(option: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIAYN_CPU_BF16")  # set by conftest.py; a user's default is auto
     cfg = compose_config("train", [f"hardware={option}"])
     kwargs = trainer_options(cfg.trainer)
     accelerator, devices, nodes, precision, backend = EXPECTED[option]
@@ -81,6 +82,7 @@ def test_cpu_precision_follows_the_machine_only_when_asked(monkeypatch: pytest.M
         monkeypatch.setattr(aiayn.machine, "cpu_multiplies_bf16", lambda has_bf16=has_bf16: has_bf16)
         assert cpu_precision("auto") == expected
         assert (cpu_precision(True), cpu_precision(False)) == ("bf16-mixed", "32-true")
+        assert (cpu_precision("true"), cpu_precision("false")) == ("bf16-mixed", "32-true")  # $AIAYN_CPU_BF16
     with pytest.raises(ValueError, match="'yes'"):
         cpu_precision("yes")
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from pytorch_lightning.callbacks import Timer
+from pytorch_lightning.plugins.precision import MixedPrecision
 from pytorch_lightning.trainer.states import TrainerFn
 from torchmetrics import MeanMetric
 from torchmetrics.text import SacreBLEUScore
@@ -209,9 +210,12 @@ class TranslationModule(pl.LightningModule):
         """Whether Adam may use its fused kernel, one pass over all tensors (CPU and CUDA) instead of
         five elementwise passes per parameter tensor: 5x faster at base on the CPU. With an fp16 gradient
         scaler Lightning unscales gradients (for clipping, for ``train/grad_norm``) only for unfused
-        optimizers, so those runs keep the unfused one."""
+        optimizers, and its autocast plugin (bf16 too) refuses to clip the gradients of a fused one, so
+        those runs keep the unfused one."""
         trainer = self._trainer
-        scaled = trainer is not None and getattr(trainer.precision_plugin, "scaler", None) is not None
+        plugin = trainer.precision_plugin if trainer is not None else None
+        clipped = trainer is not None and bool(trainer.gradient_clip_val) and isinstance(plugin, MixedPrecision)
+        scaled = getattr(plugin, "scaler", None) is not None or clipped
         # The device the run trains on: a restored checkpoint's optimizer is checked before the module moves.
         devices = (
             {trainer.strategy.root_device.type} if trainer is not None else {p.device.type for p in self.parameters()}
