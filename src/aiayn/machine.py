@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aiayn.errors import ConfigError
+
 if TYPE_CHECKING:
     import torch
 
@@ -92,19 +94,31 @@ def peak_flops(device_name: str, precision: str, override_tflops: float | None =
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
-def lists_bf16_flags(cpuinfo: str) -> bool:
-    """Whether the text of /proc/cpuinfo lists a flag of :data:`BF16_CPU_FLAGS`."""
+def cpuinfo_field(cpuinfo: str, name: str) -> str | None:
+    """The value of the first ``name : value`` line of a /proc/cpuinfo text (None where it has none)."""
     for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            return any(flag in line.split(":", 1)[1].split() for flag in BF16_CPU_FLAGS)
-    return False
+        key, colon, value = line.partition(":")
+        if colon and key.strip() == name:
+            return value.strip()
+    return None
 
 
 @functools.cache
+def read_cpuinfo() -> str:
+    """This machine's /proc/cpuinfo ("" where there is none: macOS, Windows)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.read_text() if cpuinfo.is_file() else ""
+
+
+def lists_bf16_flags(cpuinfo: str) -> bool:
+    """Whether the text of /proc/cpuinfo lists a flag of :data:`BF16_CPU_FLAGS`."""
+    flags = (cpuinfo_field(cpuinfo, "flags") or "").split()
+    return any(flag in flags for flag in BF16_CPU_FLAGS)
+
+
 def cpu_multiplies_bf16() -> bool:
     """Whether this machine's CPU has bf16 matrix instructions (False where there is no /proc/cpuinfo)."""
-    cpuinfo = Path("/proc/cpuinfo")
-    return cpuinfo.is_file() and lists_bf16_flags(cpuinfo.read_text())
+    return lists_bf16_flags(read_cpuinfo())
 
 
 def cpu_precision(bf16: bool | str) -> str:
@@ -114,7 +128,7 @@ def cpu_precision(bf16: bool | str) -> str:
     if bf16 == "auto":
         bf16 = cpu_multiplies_bf16()
     if not isinstance(bf16, bool):
-        raise ValueError(f"{bf16!r} is not one of true, false, auto")
+        raise ConfigError("cpu_bf16", bf16, "must be true, false or auto (bf16 where the CPU has it)")
     return "bf16-mixed" if bf16 else "32-true"
 
 
@@ -125,12 +139,7 @@ def device_name(device: torch.device) -> str:
         import torch
 
         return torch.cuda.get_device_name(device)
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
+    return cpuinfo_field(read_cpuinfo(), "model name") or platform.processor() or platform.machine()
 
 
 def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:

@@ -16,6 +16,7 @@ from pytorch_lightning.strategies import DDPStrategy
 
 from aiayn.config.build import trainer_options
 from aiayn.config.compose import compose_config
+from aiayn.errors import ConfigError
 from aiayn.machine import cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
 from aiayn.training.batching import accumulation_steps, configure_batching
 from helpers.runs import train_in_process
@@ -83,7 +84,7 @@ def test_cpu_precision_follows_the_machine_only_when_asked(monkeypatch: pytest.M
         assert cpu_precision("auto") == expected
         assert (cpu_precision(True), cpu_precision(False)) == ("bf16-mixed", "32-true")
         assert (cpu_precision("true"), cpu_precision("false")) == ("bf16-mixed", "32-true")  # $AIAYN_CPU_BF16
-    with pytest.raises(ValueError, match="'yes'"):
+    with pytest.raises(ConfigError, match="cpu_bf16=yes must be true, false or auto"):
         cpu_precision("yes")
 
 

@@ -10,7 +10,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from aiayn.config.naming import experiment_name, job_dir, multirun_dir, output_root, run_dir, sweep_dir
-from aiayn.errors import ConfigError
 from aiayn.machine import cpu_precision
 
 
@@ -56,19 +55,11 @@ def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
     return cfg
 
 
-def cpu_bf16_precision(bf16: bool | str) -> str:
-    """``hardware/cpu.yaml``'s ``trainer.precision`` from its ``cpu_bf16`` (true, false or auto)."""
-    try:
-        return cpu_precision(bf16)
-    except ValueError:
-        raise ConfigError("cpu_bf16", bf16, "must be true, false or auto (bf16 where the CPU has it)") from None
-
-
 # conf/train.yaml names these; registered on import, before any entry point composes its config.
 OmegaConf.register_new_resolver("aiayn.experiment_name", experiment_name, replace=True)
 OmegaConf.register_new_resolver("aiayn.output_root", output_root, replace=True)
 OmegaConf.register_new_resolver("aiayn.sweep_dir", sweep_dir, replace=True)
-OmegaConf.register_new_resolver("aiayn.cpu_precision", cpu_bf16_precision, replace=True)
+OmegaConf.register_new_resolver("aiayn.cpu_precision", cpu_precision, replace=True)
 # Cached: the folder is chosen once per run; Lightning reads it again when it starts the DDP ranks, and
 # resume=true must not then pick another run's folder.
 OmegaConf.register_new_resolver("aiayn.run_dir", run_dir, replace=True, use_cache=True)
