@@ -124,7 +124,6 @@ def cpu_multiplies_bf16() -> bool:
 def cpu_precision(bf16: bool | str) -> str:
     """Lightning's precision for training on the CPU: ``bf16-mixed`` (bf16 autocast) for ``bf16`` true,
     ``32-true`` for false, and for ``"auto"`` bf16 autocast where :func:`cpu_multiplies_bf16`."""
-    bf16 = {"true": True, "false": False}.get(bf16, bf16) if isinstance(bf16, str) else bf16  # from $AIAYN_CPU_BF16
     if bf16 == "auto":
         bf16 = cpu_multiplies_bf16()
     if not isinstance(bf16, bool):

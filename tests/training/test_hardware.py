@@ -11,6 +11,7 @@ import pytorch_lightning as pl
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 
@@ -58,6 +59,19 @@ def test_cpu_bf16_chooses_bf16_autocast_or_fp32_on_any_cpu(choice: str, precisio
     assert trainer.precision == precision
 
 
+@pytest.mark.parametrize(("choice", "precision"), [("true", "bf16-mixed"), ("False", "32-true"), ("yes", None)])
+def test_aiayn_cpu_bf16_sets_the_choice_of_a_run_that_makes_none(
+    choice: str, precision: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIAYN_CPU_BF16", choice)
+    trainer = compose_config("train", []).trainer
+    if precision is None:  # aiayn-train's one line names it as for cpu_bf16=yes (test_bad_configs.py)
+        with pytest.raises(InterpolationResolutionError, match="cpu_bf16=yes must be true, false or auto"):
+            trainer_options(trainer)
+    else:
+        assert trainer_options(trainer)["precision"] == precision
+
+
 CPUINFO = "processor\t: 0\nvendor_id\t: {vendor}\nmodel name\t: {name}\nflags\t\t: fpu sse2 avx2 fma {extra}\n\n"
 
 
@@ -83,7 +97,6 @@ def test_cpu_precision_follows_the_machine_only_when_asked(monkeypatch: pytest.M
         monkeypatch.setattr(aiayn.machine, "cpu_multiplies_bf16", lambda has_bf16=has_bf16: has_bf16)
         assert cpu_precision("auto") == expected
         assert (cpu_precision(True), cpu_precision(False)) == ("bf16-mixed", "32-true")
-        assert (cpu_precision("true"), cpu_precision("false")) == ("bf16-mixed", "32-true")  # $AIAYN_CPU_BF16
     with pytest.raises(ConfigError, match="cpu_bf16=yes must be true, false or auto"):
         cpu_precision("yes")
 

@@ -213,14 +213,13 @@ class TranslationModule(pl.LightningModule):
         optimizers, and its autocast plugin (bf16 too) refuses to clip the gradients of a fused one, so
         those runs keep the unfused one."""
         trainer = self._trainer
-        plugin = trainer.precision_plugin if trainer is not None else None
-        clipped = trainer is not None and bool(trainer.gradient_clip_val) and isinstance(plugin, MixedPrecision)
+        if trainer is None:
+            return {p.device.type for p in self.parameters()} <= {"cpu", "cuda"}
+        plugin = trainer.precision_plugin
+        clipped = bool(trainer.gradient_clip_val) and isinstance(plugin, MixedPrecision)
         scaled = getattr(plugin, "scaler", None) is not None or clipped
         # The device the run trains on: a restored checkpoint's optimizer is checked before the module moves.
-        devices = (
-            {trainer.strategy.root_device.type} if trainer is not None else {p.device.type for p in self.parameters()}
-        )
-        return devices <= {"cpu", "cuda"} and not scaled
+        return trainer.strategy.root_device.type in {"cpu", "cuda"} and not scaled
 
     def schedule(self) -> Schedule:
         """This run's learning rate by step (``optim.schedule``; eq. 3 by default, §5.3)."""
