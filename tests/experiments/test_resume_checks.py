@@ -85,6 +85,7 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     run_dir = copy_of(smoke_run_dir, tmp_path)
+    peak = yaml.safe_load((run_dir / "config.yaml").read_text())["optim"]["lr"]
     changed = ("optim.schedule=noam", "optim.lr=null", "optim.warmup=3", "optim.lr_scale=2.0", "trainer.max_steps=18")
     argv = [*continued(corpus_root, cache_dir, *changed)]
     with caplog.at_level(logging.WARNING):
@@ -94,8 +95,8 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     assert config["optim"]["warmup"] == 3 and config["optim"]["lr_scale"] == 2.0
     with open(run_dir / "csv" / "metrics.csv", newline="") as rows:
         logged = {int(row["step"]): float(row["train/lr"]) for row in csv.DictReader(rows) if row.get("train/lr")}
-    # The smoke run's: the default linear decay, from 0.002 after its 10 warmup steps to 0 at its 12th.
-    new, old = NoamSchedule(config["model"]["d_model"], 3, 2.0), WarmupDecaySchedule("linear", 0.002, 10)
+    # The smoke run's: the default linear decay, from its peak after its 10 warmup steps to 0 at its 12th.
+    new, old = NoamSchedule(config["model"]["d_model"], 3, 2.0), WarmupDecaySchedule("linear", peak, 10)
     old.place_decay(10, 12)
     resumed = {step: lr for step, lr in logged.items() if step > 12}
     assert resumed and all(lr == pytest.approx(new(step)) for step, lr in resumed.items()), resumed

@@ -359,7 +359,7 @@ def test_a_run_resumed_after_its_decay_began_ends_with_the_weights_of_an_uninter
             ["optim.schedule=noam", "optim.lr=null", "optim.min_lr=0.01"],
             "optim.min_lr=0.01 is the floor of the schedules linear, cosine, wsd",
         ),
-        (["optim.min_lr=0.01"], "optim.min_lr=0.01 must be a number from 0 to optim.lr=0.002"),  # the default peak
+        (["optim.min_lr=0.01"], "optim.min_lr=0.01 must be a number from 0 to optim.lr=0.0015"),  # the default peak
         (["optim.schedule=wsd", "optim.lr=0.001", "optim.decay_fraction=0"], "optim.decay_fraction=0 must lie"),
         (
             ["optim.schedule=cosine", "optim.lr=0.001", "trainer.max_steps=-1", "trainer.max_time=null"],
