@@ -28,17 +28,20 @@ os.environ["AIAYN_CPU_BF16"] = "false"
 ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written by assets/make_corpus.py
 
 
-# The folders of the slowest test files, first: a worker that takes one of them last would end the suite
-# alone while the others wait (pytest-xdist hands files out in the order they were collected).
+# The slowest test files first: a worker that takes one of them last would end the suite alone while the
+# others wait. pytest-xdist hands files out in the order of their first test (with --no-loadscope-reorder;
+# by default it hands out the files with the most tests first, however short): the files of the slow
+# tests, which start real runs, the slowest folders among them first; then the many short files.
 SLOW_FIRST = ("scenarios", "experiments", "export", "cli")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def position(item: pytest.Item) -> int:
+    def position(item: pytest.Item) -> tuple[bool, int]:
         folder = item.path.parent.name
-        return SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
+        rank = SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
+        return item.get_closest_marker("slow") is None, rank
 
-    items.sort(key=position)  # stable: within a folder, the files and their tests keep their order
+    items.sort(key=position)  # stable: the files and their tests otherwise keep their order
 
 
 @pytest.fixture(scope="session")
