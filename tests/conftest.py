@@ -120,6 +120,21 @@ def reference_run(reference_overrides: list[str], tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture(scope="session")
+def ddp_run(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of the short run on 2 DDP ranks of :mod:`helpers.ddp_ranks` (a NaN loss on one rank, the
+    EMA on), a real ``aiayn-train`` process, with what each rank held at its end. Read it, never write
+    into it."""
+    from helpers.ddp_ranks import ddp_run_overrides
+    from helpers.processes import finish
+
+    def build(folder: Path) -> None:
+        (folder / "run").mkdir()
+        finish(*ddp_run_overrides(corpus_root, cache_dir, folder / "run"))
+
+    return built_once(tmp_path_factory, "ddp", build) / "run"
+
+
+@pytest.fixture(scope="session")
 def smoke_restorer(smoke_run_dir: Path, corpus_root: Path, cache_dir: Path) -> Any:
     """The check (:class:`~aiayn.training.restored_state.RestoredState`) that a resume of the smoke run
     passes its checkpoints through, on a module and trainer built as ``aiayn-train`` builds them."""

@@ -32,7 +32,8 @@ from aiayn.training.checkpoints import load_model
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 from helpers.bleu import sacrebleu_of
-from helpers.processes import finish
+from helpers.ddp_ranks import EMA_DECAY
+from helpers.ddp_ranks import STEPS as DDP_STEPS
 from helpers.runs import exit_status, resumable_run, train_in_process
 
 DECAY, START, STEPS = 0.8, 2, 6  # steps 1-2 copy the weights, 3-6 average them
@@ -92,17 +93,6 @@ class SignalAfterStep(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, *args: object) -> None:
         if trainer.global_step == self.step:
             signal.raise_signal(signal.SIGTERM)  # the run's Preemption callback handles it
-
-
-class EmaOfEachRank(pl.Callback):
-    """Saves this DDP rank's EMA at the end of training as ``<folder>/ema.rank<r>.pt`` (a checkpoint holds
-    rank 0's only). Given to a DDP ``aiayn-train`` process as ``callbacks=[...]``."""
-
-    def __init__(self, folder: str) -> None:
-        self.folder = Path(folder)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        torch.save(the_ema(trainer).weights, self.folder / f"ema.rank{trainer.global_rank}.pt")
 
 
 def saved(run_dir: Path, name: str) -> dict[str, Any]:
@@ -319,21 +309,15 @@ def test_a_checkpoint_with_a_tampered_ema_is_refused_naming_the_field(
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_hold_the_same_ema_which_the_checkpoint_and_ema_ckpt_hold(
-    tmp_path: Path, corpus_root: Path, cache_dir: Path
-) -> None:
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    keep = f"callbacks=[{{_target_:test_ema.EmaOfEachRank,folder:'{run_dir}'}}]"
-    overrides = [*ema_overrides(corpus_root, cache_dir, pairs=400), "trainer.max_steps=4", keep]
-    finish("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides, importable=Path(__file__).parent)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["batch"]["world_size"] == 2 and results["steps"] == 4 and "test_bleu_ema" in results
-    ranks = [torch.load(run_dir / f"ema.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
-    stored, written = saved(run_dir, "last.ckpt")["callbacks"][KEY]["weights"], saved(run_dir, "ema.ckpt")
+def test_two_ddp_ranks_hold_the_same_ema_which_the_checkpoint_and_ema_ckpt_hold(ddp_run: Path) -> None:
+    results = json.loads((ddp_run / "results.json").read_text())
+    assert results["batch"]["world_size"] == 2 and results["steps"] == DDP_STEPS and "test_bleu_ema" in results
+    ranks = [torch.load(ddp_run / f"ema.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    key = ExponentialMovingAverage(EMA_DECAY).state_key
+    stored, written = saved(ddp_run, "last.ckpt")["callbacks"][key]["weights"], saved(ddp_run, "ema.ckpt")
     assert ranks[0].keys() == ranks[1].keys() == stored.keys()
     for name in stored:
         assert torch.equal(ranks[0][name], ranks[1][name]) and torch.equal(ranks[0][name], stored[name]), name
         assert torch.equal(written["state_dict"][name], stored[name]), name
-    weights = saved(run_dir, "last.ckpt")["state_dict"]  # an average of 2 averaging steps, not the weights
+    weights = saved(ddp_run, "last.ckpt")["state_dict"]  # an average of 2 averaging steps, not the weights
     assert not all(torch.equal(weights[name], stored[name]) for name in stored)

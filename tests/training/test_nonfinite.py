@@ -18,7 +18,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.errors import TrainingDiverged
 from aiayn.experiments.run import train
 from aiayn.training.module import TranslationModule
-from helpers.processes import finish
+from helpers.ddp_ranks import STEPS
 from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
@@ -172,46 +172,15 @@ def test_faults_in_a_row_stop_the_run_at_the_next_read_of_the_counts(
     assert not (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
 
 
-class NanLossOnOneRank(pl.Callback):
-    """Adds NaN to DDP rank ``rank``'s training loss of optimizer step ``step`` (counted from 1; its gradients
-    stay finite, the other rank's loss too), and saves each rank's weights at the end as
-    ``<folder>/weights.rank<r>.pt``. Given to a DDP ``aiayn-train`` process as ``callbacks=[...]``."""
-
-    def __init__(self, folder: str, step: int, rank: int = 1) -> None:
-        self.folder, self.step, self.rank = Path(folder), step, rank
-
-    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank != self.rank:
-            return
-        original = pl_module.training_loss
-
-        def poisoned(batch: dict) -> tuple[torch.Tensor, int]:
-            loss, n_tokens = original(batch)
-            return (loss + math.nan if trainer.global_step == self.step - 1 else loss), n_tokens
-
-        pl_module.training_loss = poisoned
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        weights = {name: p.detach() for name, p in pl_module.named_parameters()}
-        torch.save(weights, self.folder / f"weights.rank{trainer.global_rank}.pt")
-
-
-def test_a_non_finite_loss_on_one_ddp_rank_skips_the_step_on_every_rank(
-    tmp_path: Path, corpus_root: Path, cache_dir: Path
-) -> None:
+def test_a_non_finite_loss_on_one_ddp_rank_skips_the_step_on_every_rank(ddp_run: Path) -> None:
     """The flags are reduced over the ranks on the device: rank 0, whose loss and gradients are finite,
-    skips step 3 as rank 1 does, and the two hold the same weights."""
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    poison_rank = f"callbacks=[{{_target_:test_nonfinite.NanLossOnOneRank,folder:'{run_dir}',step:3}}]"
-    overrides = [*resumable_run(corpus_root, cache_dir, "trainer.max_steps=4", pairs=400, log_every=2), poison_rank]
-    finish("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", *overrides, importable=Path(__file__).parent)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["batch"]["world_size"] == 2 and results["steps"] == 4 and results["skipped_steps"] == 1
-    ranks = [torch.load(run_dir / f"weights.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
+    skips the step as rank 1 does, and the two hold the same weights."""
+    results = json.loads((ddp_run / "results.json").read_text())
+    assert results["batch"]["world_size"] == 2 and results["steps"] == STEPS and results["skipped_steps"] == 1
+    ranks = [torch.load(ddp_run / f"weights.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys() and all(torch.equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
-    adam = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
-    assert {float(state["step"]) for state in adam.values()} == {3.0}  # rank 0's Adam: 4 steps, 1 skipped
+    adam = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
+    assert {float(state["step"]) for state in adam.values()} == {STEPS - 1}  # rank 0's Adam: 1 step skipped
 
 
 class Overflow(pl.Callback):
