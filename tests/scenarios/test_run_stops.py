@@ -14,7 +14,7 @@ import torch
 
 from aiayn.cli.common import IO_ERROR_STATUS
 from helpers.batch_recorder import recorder
-from helpers.processes import finish, hold_and_signal, logged_steps, saved_step, start, stopped
+from helpers.processes import finish, hold_and_signal, saved_step, start, stopped
 from helpers.runs import smoke_run, train_in_process
 
 # What a default run may print on stderr: Lightning's own lines about the run (the seed, the devices, why
@@ -42,14 +42,7 @@ def test_ctrl_c_saves_stops_with_130_and_says_how_to_continue(
     run_dir = tmp_path / "run" if named else next((tmp_path / "outputs").glob("*/*"))
     assert 3 <= saved_step(run_dir) < 12
     advice = "continue it with the same command" + ("" if named else f" plus hydra.run.dir={run_dir}")
-    assert message.endswith(advice)
-    if not named:
-        return  # continuing is the same for both folders
-
-    err = finish(*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}", cwd=tmp_path)
-    assert saved_step(run_dir) == 12
-    assert "exists and is not empty" not in err  # continuing into its own checkpoints is no news
-    assert logged_steps(run_dir, "val/bleu") == [5, 11, 12]  # Lightning's: validations after 6 and 12, the best's
+    assert message.endswith(advice)  # (Ctrl-C saves as SIGTERM does: continuing is test_interruptions')
 
 
 def test_a_data_error_under_ddp_ends_in_one_line_without_a_hang(
