@@ -36,10 +36,12 @@ SLOW_FIRST = ("scenarios", "experiments", "export", "cli")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
     def position(item: pytest.Item) -> tuple[bool, int]:
         folder = item.path.parent.name
         rank = SLOW_FIRST.index(folder) if folder in SLOW_FIRST else len(SLOW_FIRST)
-        return item.get_closest_marker("slow") is None, rank
+        return item.path not in slow_files, rank
 
     items.sort(key=position)  # stable: the files and their tests otherwise keep their order
 
@@ -128,7 +130,7 @@ def ddp_run(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPat
     from helpers.processes import finish
 
     def build(folder: Path) -> None:
-        (folder / "run").mkdir()
+        (folder / "run").mkdir(exist_ok=True)  # (a worker's failed build leaves it behind)
         finish(*ddp_run_overrides(corpus_root, cache_dir, folder / "run"))
 
     return built_once(tmp_path_factory, "ddp", build) / "run"

@@ -21,10 +21,9 @@ TESTS = Path(__file__).resolve().parents[1]
 TIMEOUT = 600
 
 
-def environment(*importable: Path) -> dict[str, str]:
-    """This process's environment (as the test's fixtures set it), with the tests' callbacks importable,
-    and the modules of the folders ``importable`` (a test module's own callbacks)."""
-    paths = [*map(str, importable), str(TESTS), os.environ.get("PYTHONPATH", "")]
+def environment() -> dict[str, str]:
+    """This process's environment (as the test's fixtures set it), with the tests' callbacks importable."""
+    paths = [str(TESTS), os.environ.get("PYTHONPATH", "")]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
@@ -46,11 +45,11 @@ def start(*overrides: str, cwd: Path | None = None, own_session: bool = False) -
     )
 
 
-def finish(*overrides: str, cwd: Path | None = None, importable: Path | None = None) -> str:
-    """Run ``aiayn-train`` to its end, which must be a success; its stderr. ``importable``: a folder whose
-    modules the overrides name (``callbacks=[{_target_: test_x.Callback}]``)."""
-    env = environment(*([importable] if importable else []))
-    done = subprocess.run(train_command(*overrides), cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+def finish(*overrides: str, cwd: Path | None = None) -> str:
+    """Run ``aiayn-train`` to its end, which must be a success; its stderr."""
+    done = subprocess.run(
+        train_command(*overrides), cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stderr
 

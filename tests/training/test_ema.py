@@ -31,9 +31,8 @@ from aiayn.training.callbacks.preemption import Preempted
 from aiayn.training.checkpoints import load_model
 from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
+from helpers import ddp_ranks
 from helpers.bleu import sacrebleu_of
-from helpers.ddp_ranks import EMA_DECAY
-from helpers.ddp_ranks import STEPS as DDP_STEPS
 from helpers.runs import exit_status, resumable_run, train_in_process
 
 DECAY, START, STEPS = 0.8, 2, 6  # steps 1-2 copy the weights, 3-6 average them
@@ -43,12 +42,12 @@ KEY = ExponentialMovingAverage(DECAY).state_key  # the EMA's entry in a checkpoi
 TIED = ("model.src_embed.weight", "model.tgt_embed.weight", "model.output_proj.weight")  # §3.4: one matrix
 
 
-def ema_overrides(root: Path, cache: Path, pairs: int = 200) -> list[str]:
+def ema_overrides(root: Path, cache: Path) -> list[str]:
     """A short resumable run with the EMA on, validated at its last step only, its untrained model's
     translations cut 3 tokens past the source; warmup 10 makes each step move the weights far more than
     the tolerance of the comparisons below."""
     extra = ["optim.warmup=10", "decoding.max_len_offset=3", f"ema.decay={DECAY}", f"ema.start_step={START}"]
-    return resumable_run(root, cache, *extra, pairs=pairs, eval_pairs=EVAL_PAIRS)
+    return resumable_run(root, cache, *extra, eval_pairs=EVAL_PAIRS)
 
 
 def skip_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
@@ -311,13 +310,12 @@ def test_a_checkpoint_with_a_tampered_ema_is_refused_naming_the_field(
 @pytest.mark.slow
 def test_two_ddp_ranks_hold_the_same_ema_which_the_checkpoint_and_ema_ckpt_hold(ddp_run: Path) -> None:
     results = json.loads((ddp_run / "results.json").read_text())
-    assert results["batch"]["world_size"] == 2 and results["steps"] == DDP_STEPS and "test_bleu_ema" in results
+    assert results["batch"]["world_size"] == 2 and results["steps"] == ddp_ranks.STEPS and "test_bleu_ema" in results
     ranks = [torch.load(ddp_run / f"ema.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
-    key = ExponentialMovingAverage(EMA_DECAY).state_key
-    stored, written = saved(ddp_run, "last.ckpt")["callbacks"][key]["weights"], saved(ddp_run, "ema.ckpt")
+    stored, written = saved(ddp_run, "last.ckpt")["callbacks"][KEY]["weights"], saved(ddp_run, "ema.ckpt")
     assert ranks[0].keys() == ranks[1].keys() == stored.keys()
     for name in stored:
         assert torch.equal(ranks[0][name], ranks[1][name]) and torch.equal(ranks[0][name], stored[name]), name
         assert torch.equal(written["state_dict"][name], stored[name]), name
-    weights = saved(ddp_run, "last.ckpt")["state_dict"]  # an average of 2 averaging steps, not the weights
+    weights = saved(ddp_run, "last.ckpt")["state_dict"]  # an average of 3 averaging steps, not the weights
     assert not all(torch.equal(weights[name], stored[name]) for name in stored)

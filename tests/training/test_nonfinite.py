@@ -18,7 +18,7 @@ from aiayn.config.compose import compose_run_config
 from aiayn.errors import TrainingDiverged
 from aiayn.experiments.run import train
 from aiayn.training.module import TranslationModule
-from helpers.ddp_ranks import STEPS
+from helpers import ddp_ranks
 from helpers.runs import resumable_run, train_in_process
 
 pytestmark = pytest.mark.slow
@@ -176,11 +176,11 @@ def test_a_non_finite_loss_on_one_ddp_rank_skips_the_step_on_every_rank(ddp_run:
     """The flags are reduced over the ranks on the device: rank 0, whose loss and gradients are finite,
     skips the step as rank 1 does, and the two hold the same weights."""
     results = json.loads((ddp_run / "results.json").read_text())
-    assert results["batch"]["world_size"] == 2 and results["steps"] == STEPS and results["skipped_steps"] == 1
+    assert results["batch"]["world_size"] == 2 and results["steps"] == ddp_ranks.STEPS and results["skipped_steps"] == 1
     ranks = [torch.load(ddp_run / f"weights.rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys() and all(torch.equal(ranks[0][n], ranks[1][n]) for n in ranks[0])
     adam = torch.load(ddp_run / "checkpoints" / "last.ckpt", weights_only=True)["optimizer_states"][0]["state"]
-    assert {float(state["step"]) for state in adam.values()} == {STEPS - 1}  # rank 0's Adam: 1 step skipped
+    assert {float(state["step"]) for state in adam.values()} == {ddp_ranks.STEPS - 1}  # rank 0's Adam: 1 step skipped
 
 
 class Overflow(pl.Callback):
