@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,7 @@ def ddp_run(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPat
     from helpers.processes import finish
 
     def build(folder: Path) -> None:
-        (folder / "run").mkdir(exist_ok=True)  # (a worker's failed build leaves it behind)
+        shutil.rmtree(folder / "run", ignore_errors=True)  # a failed build's leftovers: never continued
         finish(*ddp_run_overrides(corpus_root, cache_dir, folder / "run"))
 
     return built_once(tmp_path_factory, "ddp", build) / "run"

@@ -19,6 +19,12 @@ NAN_STEP, NAN_RANK = 3, 1  # the optimizer step (counted from 1) whose loss is N
 EMA_DECAY, EMA_START = 0.8, 1  # step 1 copies the weights; 2, 3 (skipped) and 4 average them
 
 
+def the_ema(trainer: pl.Trainer) -> ExponentialMovingAverage:
+    """The run's EMA callback."""
+    (ema,) = [callback for callback in trainer.callbacks if isinstance(callback, ExponentialMovingAverage)]
+    return ema
+
+
 class EachRank(pl.Callback):
     """Adds NaN to rank ``NAN_RANK``'s training loss of optimizer step ``NAN_STEP`` (its gradients stay finite,
     the other rank's loss too), and saves each rank's weights and EMA at the end of training as
@@ -43,8 +49,7 @@ class EachRank(pl.Callback):
         rank = trainer.global_rank
         weights = {name: p.detach() for name, p in pl_module.named_parameters()}
         torch.save(weights, self.folder / f"weights.rank{rank}.pt")
-        (ema,) = [callback for callback in trainer.callbacks if isinstance(callback, ExponentialMovingAverage)]
-        torch.save(ema.weights, self.folder / f"ema.rank{rank}.pt")
+        torch.save(the_ema(trainer).weights, self.folder / f"ema.rank{rank}.pt")
 
 
 def ddp_run_overrides(root: Path, cache: Path, run_dir: Path) -> list[str]:

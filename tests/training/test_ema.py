@@ -61,11 +61,6 @@ def skip_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     monkeypatch.setattr(TranslationModule, "training_loss", poisoned)
 
 
-def the_ema(trainer: pl.Trainer) -> ExponentialMovingAverage:
-    (ema,) = [callback for callback in trainer.callbacks if isinstance(callback, ExponentialMovingAverage)]
-    return ema
-
-
 class EmaWatch(pl.Callback):
     """Records, in float64, the weights the module starts from and those after each optimizer step, and
     the EMA after each step (the run's callbacks come before this one, the EMA's update included)."""
@@ -80,7 +75,7 @@ class EmaWatch(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: object) -> None:
         if trainer.global_step == len(self.weights):  # a step ended (none happens mid-accumulation here)
             self.weights.append({n: p.detach().double() for n, p in pl_module.named_parameters()})
-            self.ema.append({n: t.clone() for n, t in the_ema(trainer).weights.items()})
+            self.ema.append({n: t.clone() for n, t in ddp_ranks.the_ema(trainer).weights.items()})
 
 
 class SignalAfterStep(pl.Callback):
