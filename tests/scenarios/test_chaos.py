@@ -36,7 +36,10 @@ def kill_in(command: list[str], run_dir: Path, phase: str, rng: random.Random) -
     """Start the run and SIGKILL it at a random moment once it is in ``phase`` (in training, past the first
     checkpoint); its pid, or None when the run ended first (it had no more of that phase)."""
     seen = sum(1 for mark in phases(run_dir) if mark["phase"] == phase)
-    wanted = seen + 1 + (rng.randrange(3) if phase != "test" else 0)  # a run tests its one batch once
+    # The first or a later mark of training, where a run has a mark per step; the next one of the phases
+    # a run passes a few times (a validation and a save per checkpoint, one test): a later one may never
+    # come, once earlier kills have left the run fewer of them
+    wanted = seen + 1 + (rng.randrange(3) if phase == "train" else 0)
     process = start(*command, marker(run_dir))
 
     def arrived() -> bool:
