@@ -63,7 +63,7 @@ def test_data_options_instantiate_a_datamodule(option: str, tmp_path: Path) -> N
     if option != "text":
         src, tgt = option.split("_")[1:]
         assert (datamodule.src_lang, datamodule.tgt_lang) == (src, tgt)
-    assert datamodule.vocab_size == {"wmt14_en_de": 37000, "wmt14_en_fr": 32000}.get(option, 8000)  # §5.1
+    assert datamodule.vocab_size == {"wmt14_en_de": 37000, "wmt14_en_fr": 32000}.get(option, 5000)  # §5.1
 
 
 @pytest.mark.parametrize("option", options("experiment"))
