@@ -1,8 +1,8 @@
 """Training speed: our step against MarianMTModel and a torch.nn.Transformer model of the same size.
 
 Each contestant trains (forward, label-smoothed loss, backward, Adam) on the same Multi30k batches,
-`aiayn-train`'s own (token budget data.max_tokens, joint BPE of data.vocab_size pieces), fp32, at each model config
-asked for: --steps batches of the first epoch spread over its length distribution (shortest to
+`aiayn-train`'s own (token budget data.max_tokens, joint BPE of data.vocab_size pieces), fp32, at each
+model config asked for: --steps batches of the first epoch spread over its length distribution (shortest to
 longest). Contestants take turns on every batch, in this one process, after a warm-up; tokens/s count
 real source and target tokens. Ratios are the median of the per-round ratios, with their lowest and
 highest. Efficiency is our achieved model FLOP/s over a large fp32 matrix product's FLOP/s, measured
