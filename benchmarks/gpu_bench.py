@@ -131,22 +131,26 @@ def fusion() -> dict[str, Any]:
 
 
 def decoding() -> dict[str, Any]:
-    """Sentences/s of each decoder. CTranslate2 is a peer, not ours: when it is missing or fails on this
-    machine (its CUDA build loads the cuBLAS it was built against), the race runs again without it and
-    the result says why, so that our numbers are not lost with it."""
+    """Sentences/s of each decoder. CTranslate2 is a peer, not ours: when it is missing the race runs
+    without it, and when the race with it fails (its CUDA build loads the cuBLAS it was built against)
+    the race runs again without it; either way the result says why, and our numbers are not lost."""
     command = [sys.executable, str(REPO / "benchmarks" / "decoding.py"), "--device", "cuda", "--bf16",
                "--skip-recompute", "--sentences", "512", "--batch", "128", "--src-len", "20", "--out-len", "40",
                "--rounds", "3", "--ct2"]  # fmt: skip
+
+    def race(*ct2_compute_types: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*command, *ct2_compute_types], cwd=REPO, capture_output=True, text=True,
+                              timeout=TIMEOUTS["decoding"])  # fmt: skip
+
     peer: dict[str, Any] = {}
     if importlib.util.find_spec("ctranslate2") is None:
         peer["ctranslate2"] = "not installed"
-        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS["decoding"])
+        done = race()
     else:
-        done = subprocess.run([*command, "float16"], cwd=REPO, capture_output=True, text=True,
-                              timeout=TIMEOUTS["decoding"])  # fmt: skip
+        done = race("float16")
         if done.returncode != 0:
-            peer["ctranslate2"] = done.stderr.strip().splitlines()[-1][-300:] if done.stderr.strip() else "failed"
-            done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS["decoding"])
+            peer["ctranslate2"] = (done.stderr.strip().splitlines() or ["failed"])[-1][-300:]
+            done = race()
     print(done.stdout[-2000:])
     if done.returncode != 0:
         return {"error": done.stderr[-1000:], **peer}
