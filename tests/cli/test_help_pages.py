@@ -152,7 +152,7 @@ def test_train_page_lists_the_groups_of_its_defaults_list(ran: Ran) -> None:
     assert re.search(r"^  experiment: \(none by default\)$", text, re.MULTILINE)
     assert re.search(r"^    table3/A1\s+Table 3 row A1: one head", text, re.MULTILINE)
     assert "-m, --multirun" in text
-    assert "\n  optim:\n    label_smoothing: 0.1        # ε_ls (§5.4)\n" in text
+    assert "\n  optim:\n    label_smoothing: 0.2        # ε_ls (§5.4: 0.1;" in text
 
 
 def test_summary_page_has_the_keys_of_train_and_its_own(ran: Ran) -> None:

@@ -19,7 +19,8 @@ from aiayn.training.schedule import OptimSettings
 
 def test_the_module_is_built_from_the_plans_own_settings(tmp_path: Path) -> None:
     overrides = ["model=tiny", "logger=none", "data.vocab_size=1000", f"data.cache_dir={tmp_path}"]
-    plan = plan_run(compose_run_config([*overrides, "optim.warmup=7", "optim.betas=[0.8,0.9]", "decoding=greedy"]))
+    optim = ["optim.warmup=7", "optim.betas=[0.8,0.9]", "optim.label_smoothing=0.15"]
+    plan = plan_run(compose_run_config([*overrides, *optim, "decoding=greedy"]))
     module = plan.module.build()
     assert module.model.cfg is plan.module.model  # not a second TransformerConfig made from the config
     assert module.optim is plan.module.optim and module.decoding is plan.module.decoding
@@ -33,7 +34,7 @@ def test_the_module_is_built_from_the_plans_own_settings(tmp_path: Path) -> None
     buffer.seek(0)
     hyper = torch.load(buffer, weights_only=True)["hyper_parameters"]
     assert hyper["model"] == plan.module.model.to_dict() and hyper["model"]["vocab_size"] == 1000
-    assert (hyper["warmup"], hyper["betas"], hyper["label_smoothing"]) == (7, [0.8, 0.9], 0.1)
+    assert (hyper["warmup"], hyper["betas"], hyper["label_smoothing"]) == (7, [0.8, 0.9], 0.15)
     assert hyper["decoding"] == DecodingOptions(beam_size=1, alpha=0.0, max_len_offset=50).to_dict()
     assert (hyper["bos_id"], hyper["eos_id"], hyper["compile"]) == (2, 3, False)
 
