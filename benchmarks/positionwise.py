@@ -39,11 +39,8 @@ Block = Callable[[torch.Tensor], torch.Tensor]
 
 def sides(batch: dict[str, Any]) -> list[tuple[Packing, int, int]]:
     """Each side's packing, its batch size and padded width: source, then target."""
-    offsets = batch["offsets"]
-    return [
-        (Packing(batch["source_rows"], offsets[0]), *batch["src"].shape),
-        (Packing(batch["target_rows"], offsets[1]), *batch["tgt_in"].shape),
-    ]
+    target, source = Packing.of_batch(batch)
+    return [(source, *batch["src"].shape), (target, *batch["tgt_in"].shape)]
 
 
 def contestants(d_model: int, d_ff: int, dropout: float) -> dict[str, Callable[[dict[str, Any]], None]]:

@@ -4,6 +4,9 @@ logits at real positions and every gradient equal those of the padded path."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 import torch
 
@@ -23,6 +26,29 @@ def test_the_batch_says_where_each_sides_real_tokens_are() -> None:
     real = [row * width + i for row, (s, _) in enumerate(LENGTHS) for i in range(s + 1)]
     assert batch["source_rows"].tolist() == real
     assert batch["src"].flatten()[batch["source_rows"]].ne(0).all() and batch["src"].ne(0).sum() == 32
+
+
+def test_the_nested_sequences_know_their_lengths_without_reading_the_offsets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU, SDPA picks its kernel for nested sequences by asking for the shortest and the longest
+    (``torch.nested``'s seqlen accessors); one that must compute them reads its offsets, and the host
+    waits for the device. The packings the batch gives know both, so the accessors read nothing."""
+    batch = ragged_batch(LENGTHS, 64)
+    target, source = Packing.of_batch(batch)
+    assert (target.shortest, source.shortest) == (2, 2)  # the pair (1, 1), each side with its EOS
+    reads: list[str] = []
+
+    def counted(name: str) -> Callable[..., Any]:
+        original = getattr(torch.Tensor, name)
+        return lambda tensor, *args: reads.append(name) or original(tensor, *args)
+
+    for name in ("item", "tolist", "__int__", "__bool__"):
+        monkeypatch.setattr(torch.Tensor, name, counted(name))
+    for packing, width in ((target, batch["tgt_in"].size(1)), (source, batch["src"].size(1))):
+        nested = packing.nested(torch.zeros(len(packing.rows), 4 * 8), 4, width)
+        assert (nested._get_min_seqlen(), nested._get_max_seqlen()) == (packing.shortest, width)
+    assert reads == []
 
 
 @pytest.mark.parametrize(("norm_first", "d_v"), [(False, 8), (True, 12)])
@@ -69,7 +95,7 @@ def test_packed_attention_refuses_what_it_cannot_do() -> None:
     cfg = TransformerConfig(vocab_size=64, n_layers=1, d_model=16, d_ff=32, n_heads=2, d_k=8, d_v=8)
     module = TranslationModule(model=cfg, bos_id=BOS, eos_id=EOS)
     batch = ragged_batch(LENGTHS, cfg.vocab_size)
-    target = Packing(batch["target_rows"], batch["offsets"][1])
+    target, _ = Packing.of_batch(batch)
     x = torch.zeros(len(LENGTHS), batch["tgt_in"].size(1), cfg.d_model)
     attention = module.model.decoder[0].self_attn
     with pytest.raises(ValueError, match="without a causal mask"):

@@ -101,13 +101,17 @@ def _counted_copy(original: Callable[..., Any], name: str, syncs: HostSyncs) -> 
     return counted
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed attention"])
 def test_training_steps_make_the_host_wait_for_the_device_only_when_their_metrics_are_logged(
-    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, packed: bool
 ) -> None:
     # One epoch (the corpus's 500 pairs) holds the steps; a validation after the last one only. The
-    # progress bar shows the loss and tokens/s (read when they are logged).
+    # progress bar shows the loss and tokens/s (read when they are logged). With packed attention the
+    # nested sequences' layout comes with the batch: a nested tensor that had to find its shortest
+    # sequence would read its offsets.
     extra = (
-        f"trainer.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}", "decoding.max_len_offset=3", "progress=rich"
+        f"trainer.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}", "decoding.max_len_offset=3", "progress=rich",
+        f"model.packed_attention={str(packed).lower()}",
     )  # fmt: skip
     overrides = resumable_run(corpus_root, cache_dir, *extra, pairs=500, eval_pairs=4, log_every=LOG_EVERY)
     cfg = compose_run_config(overrides)

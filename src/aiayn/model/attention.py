@@ -16,15 +16,28 @@ from aiayn.model.positional import RotaryEmbedding
 @dataclass(frozen=True)
 class Packing:
     """Where the real positions of a right-padded batch (B, T) are: ``rows`` (N,), their indices among the
-    B * T flattened positions, in order, and ``offsets`` (B + 1,), where each sequence starts among the N.
+    B * T flattened positions, in order, ``offsets`` (B + 1,), where each sequence starts among the N, and
+    ``shortest``, the fewest real positions of any sequence.
 
     Attention over the packed sequences needs no padding mask: it is what FlashAttention-2's
     variable-length kernel serves on a GPU, where a dense mask sends SDPA to a slower kernel. The
-    collator finds both tensors on the host, so nothing waits for the device to count tokens.
+    collator finds all three on the host, so nothing waits for the device to count tokens: a nested
+    tensor not told its shortest sequence reads it from its offsets, and on a GPU the host waits for that.
     """
 
     rows: torch.Tensor
     offsets: torch.Tensor
+    shortest: int
+
+    @classmethod
+    def of_batch(cls, batch: dict[str, Any]) -> tuple[Packing, Packing]:
+        """The target's and the source's packing of a batch as :class:`aiayn.data.dataset.Collator` makes it."""
+        shortest = batch["lengths"].min(0)  # NumPy: on the host
+        offsets = batch["offsets"]
+        return (
+            cls(batch["target_rows"], offsets[1], int(shortest[1])),
+            cls(batch["source_rows"], offsets[0], int(shortest[0])),
+        )
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) → the real positions' (N, ...)."""
@@ -35,7 +48,10 @@ class Packing:
         ``width``, the padded length, bounds them (a shape: the kernel's grid needs no count)."""
         # Each of Q, K, V is a view into the fused projection; the nested kernels want them whole.
         per_head = values.unflatten(-1, (heads, -1)).contiguous()
-        return torch.nested.nested_tensor_from_jagged(per_head, self.offsets, max_seqlen=width).transpose(1, 2)
+        nested = torch.nested.nested_tensor_from_jagged(
+            per_head, self.offsets, min_seqlen=self.shortest, max_seqlen=width
+        )
+        return nested.transpose(1, 2)
 
     def unpack(self, values: torch.Tensor, batch: int, width: int) -> torch.Tensor:
         """Packed (N, d) → (B, width, d), zero at the padding positions."""

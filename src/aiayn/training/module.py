@@ -105,10 +105,7 @@ class TranslationModule(pl.LightningModule):
         """Teacher-forced logits (N, vocab) at the batch's N real target positions and their reference ids
         (N,): padding positions get no output projection, softmax or loss."""
         rows = batch["target_rows"]
-        packed = None
-        if self.packed_attention:
-            offsets = batch["offsets"]
-            packed = Packing(rows, offsets[1]), Packing(batch["source_rows"], offsets[0])
+        packed = Packing.of_batch(batch) if self.packed_attention else None
         logits = self.model(batch["src"], batch["tgt_in"], rows, packed)
         return logits, batch["tgt_out"].flatten().index_select(0, rows)
 
