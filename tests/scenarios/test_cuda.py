@@ -77,7 +77,7 @@ def test_mixed_precision_training_steps_learn_as_the_cpu_run_does(
 def packing(lengths: torch.Tensor, width: int) -> Packing:
     """The packing of a right-padded batch of ``width`` with these real lengths, as the collator makes it."""
     rows = (torch.arange(width, device=lengths.device) < lengths[:, None]).flatten().nonzero().squeeze(1)
-    return Packing(rows, torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]))
+    return Packing(rows, torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]), int(lengths.min()))
 
 
 def attention_calls(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> dict[str, Callable[[], torch.Tensor]]:
@@ -106,23 +106,29 @@ def test_each_attention_takes_a_fused_kernel_on_the_gpu(kind: str, kernel: str, 
     """Restricted to one kernel, SDPA raises when it cannot use it. The decoder's causal self-attention
     takes FlashAttention; attention under a padding mask (every batch passes one: asking whether a batch
     has padding would make the host wait) takes memory-efficient attention, which FlashAttention refuses;
-    over packed sequences (model.packed_attention) encoder and encoder-decoder attention take FlashAttention."""
+    over packed sequences (model.packed_attention) encoder and encoder-decoder attention take FlashAttention.
+    In bf16 the fused kernel is about as exact as the math kernel: each is off the float32 result by the
+    rounding of bf16 (an absolute bound would not say that: outputs reach ±7, where bf16's step is 1/32)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    model = sharp_model(100).cuda().to(torch.bfloat16)
+    model = sharp_model(100).cuda()
     src = torch.randint(4, 100, (8, 20), device="cuda")
     src[:4, 12:] = 0
     tgt = torch.randint(4, 100, (8, 15), device="cuda")
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        exact = attention_calls(model, src, tgt)[kind]()
+    model.to(torch.bfloat16)
     with torch.no_grad():
         call = attention_calls(model, src, tgt)[kind]
         with sdpa_kernel([SDPBackend.MATH]):
-            reference = call()
+            rounded = call()
         with sdpa_kernel([getattr(SDPBackend, kernel)]):
             fused = call()
         if refused is not None:
             with sdpa_kernel([getattr(SDPBackend, refused)]), pytest.raises(RuntimeError):
                 call()
-    assert (fused.float() - reference.float()).abs().max() < 0.1
+    fused_error, math_error = ((out.float() - exact).abs().max().item() for out in (fused, rounded))
+    assert 0 < fused_error <= 2 * math_error + 0.01, (fused_error, math_error)
 
 
 @pytest.mark.parametrize("packed", [False, True])
