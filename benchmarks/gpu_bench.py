@@ -11,7 +11,9 @@
    BPE, the paper's 25000-token batches) at `model=base` and `model=big`, and at `model=base` with
    `model.packed_attention=true` (encoder and cross attention over packed sequences, by FlashAttention-2)
    and with `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
-   (median of the logged steps after the first 20, so compiling is not counted);
+   (median of the logged steps after the first 20, so compiling is not counted, and of their later
+   half), each run stopping itself in time for its part's limit, and where the host's time per step went
+   (Lightning's simple profiler: the loader, the backward pass, the optimizer step, the callbacks);
 3. the residual chain `LayerNorm(x + Dropout(y))` eager against a compiled region (`benchmarks/fusion.py`);
 4. decoding speed (`benchmarks/decoding.py` on the GPU): our beam search under bf16 autocast,
    `generate` in bf16 and CTranslate2 float16 on the same random `small` model, 512 sentences.
@@ -42,8 +44,15 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 # seconds: 8 minutes in all, with the set-up; training's include the tokenizer (trained once, cached)
 TIMEOUTS = {
-    "tests": 170, "train": 85, "train_packed": 45, "train_big": 55, "train_compiled": 65, "fusion": 25, "decoding": 35
+    "tests": 150, "train": 90, "train_packed": 55, "train_big": 60, "train_compiled": 65, "fusion": 25, "decoding": 35
 }  # fmt: skip
+# Of a training part's time, what is not training: starting (imports, CUDA, the tokenizer the first time:
+# 17 s on an H200 host, 2026-12-04), the final validation and tests (15 s) and a margin. Training stops
+# itself at what remains (trainer.max_time), so a slow step costs steps, not the part's numbers.
+NOT_TRAINING_S = 40
+# The host's time in these parts of a step (Lightning's simple profiler): where the host waits, for the
+# loader, for the GPU (when a step's metrics are read) or for a checkpoint, the time goes.
+HOST_ACTIONS = ("run_training_batch", "train_dataloader_next", "backward", "optimizer_step", "on_train_batch_end")
 
 
 def timed_out(part: Callable[[], dict[str, Any]], name: str) -> dict[str, Any]:
@@ -89,18 +98,21 @@ def generated_corpus(folder: Path, pairs: int = 100_000, seed: int = 0) -> None:
 
 
 def training(folder: Path, model: str, steps: int, timeout: str, *extra: str) -> dict[str, Any]:
-    """``steps`` bf16-mixed training steps of ``model`` through aiayn-train, with ``extra`` overrides."""
+    """At most ``steps`` bf16-mixed training steps of ``model`` through aiayn-train, with ``extra``
+    overrides, stopping in time for the part's limit; the host's time per step by where it went."""
     corpus = folder / "corpus"
     if not corpus.exists():
         corpus.mkdir()
         generated_corpus(corpus)
     run = folder / f"run-{timeout}"
+    budget = max(TIMEOUTS[timeout] - NOT_TRAINING_S, 5)
     command = [
-        "aiayn-train", f"model={model}", "hardware=gpu", "data=text", f"data.root={corpus}", "data.src_lang=src",
-        "data.tgt_lang=tgt", "data.train=[train.src,train.tgt]", "data.val=[val.src,val.tgt]",
+        "aiayn-train", f"model={model}", "hardware=gpu", "data=text", f"data.root={corpus}",
+        "data.src_lang=src", "data.tgt_lang=tgt", "data.train=[train.src,train.tgt]", "data.val=[val.src,val.tgt]",
         f"data.cache_dir={folder / 'cache'}", "data.max_tokens=25000", "data.eval_limit=64", "logger=none",
-        "progress=quiet", f"trainer.max_steps={steps}", "trainer.max_time=null", f"trainer.val_check_interval={steps}",
-        "trainer.log_every_n_steps=5", "checkpoint.average_last=0", f"hydra.run.dir={run}", *extra,
+        "progress=quiet", f"trainer.max_steps={steps}", f"trainer.max_time=00:00:{budget // 60:02d}:{budget % 60:02d}",
+        f"trainer.val_check_interval={steps}", "trainer.log_every_n_steps=5", "checkpoint.average_last=0",
+        "+trainer.profiler=simple", f"hydra.run.dir={run}", *extra,
     ]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS[timeout])
@@ -110,14 +122,40 @@ def training(folder: Path, model: str, steps: int, timeout: str, *extra: str) ->
     with open(run / "csv" / "metrics.csv", newline="") as metrics:
         rows = list(csv.DictReader(metrics))
     logged = [row for row in rows if row.get("train/tokens_per_s") and int(row["step"]) >= 20]
-    result: dict[str, Any] = {"model": model, "steps": steps, "wall_s": round(wall, 1), "precision": "bf16-mixed"}
-    result["overrides"] = list(extra)
+    results = json.loads((run / "results.json").read_text())
+    result: dict[str, Any] = {"model": model, "steps": results.get("steps"), "wall_s": round(wall, 1)}
+    result.update(precision="bf16-mixed", overrides=list(extra), training_s_limit=budget)
     for key in ("train/tokens_per_s", "train/mfu"):
         values = [float(row[key]) for row in logged if row.get(key)]
-        result[key.split("/")[1]] = statistics.median(values) if values else None
-    results = json.loads((run / "results.json").read_text())
+        name = key.split("/")[1]
+        result[name] = statistics.median(values) if values else None
+        # the later half of the run apart: a step that speeds up as the run goes on is warming up
+        result[f"{name}_later_half"] = statistics.median(values[len(values) // 2 :]) if values else None
     result["params"], result["val_loss"] = results.get("params"), results.get("val_loss")
+    result["run_tokens_per_s"] = results.get("train_tokens_per_s")  # every step, the first ones included
+    result["host_s_per_step"] = host_time(done.stdout + done.stderr, results.get("steps") or 1)
     return result
+
+
+def host_time(output: str, steps: int) -> dict[str, float]:
+    """Seconds per training step that the host spent in each of :data:`HOST_ACTIONS`, from the table
+    Lightning's simple profiler prints at the end: every callback's ``on_train_batch_end`` summed; of the
+    others, which nest (the module's ``optimizer_step`` holds the strategy's, and the backward pass),
+    the longest of the same name."""
+    seconds = dict.fromkeys(HOST_ACTIONS, 0.0)
+    for line in output.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 5:
+            continue
+        try:
+            total = float(cells[3])
+        except ValueError:
+            continue  # the header
+        for action in HOST_ACTIONS:
+            if cells[0] == action or cells[0].endswith(f".{action}"):
+                summed = action == "on_train_batch_end"
+                seconds[action] = seconds[action] + total if summed else max(seconds[action], total)
+    return {action: round(total / steps, 4) for action, total in seconds.items()}
 
 
 def fusion() -> dict[str, Any]:
