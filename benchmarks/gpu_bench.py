@@ -7,7 +7,7 @@
    masks), cached vs
    recomputed beam search on the GPU, the exported CTranslate2 engine on CUDA); the names of any that
    failed are listed;
-2. training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k pairs, 8000-piece
+2. training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k pairs, 5000-piece
    BPE, the paper's 25000-token batches) at `model=base` and `model=big`, and at `model=base` with
    `model.packed_attention=true` (encoder and cross attention over packed sequences, by FlashAttention-2)
    and with `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
@@ -109,7 +109,8 @@ def training(folder: Path, model: str, steps: int, timeout: str, *extra: str) ->
     command = [
         "aiayn-train", f"model={model}", "hardware=gpu", "data=text", f"data.root={corpus}",
         "data.src_lang=src", "data.tgt_lang=tgt", "data.train=[train.src,train.tgt]", "data.val=[val.src,val.tgt]",
-        f"data.cache_dir={folder / 'cache'}", "data.max_tokens=25000", "data.eval_limit=64", "logger=none",
+        f"data.cache_dir={folder / 'cache'}", "data.vocab_size=5000", "data.max_tokens=25000", "data.eval_limit=64",
+        "logger=none",
         "progress=quiet", f"trainer.max_steps={steps}", f"trainer.max_time=00:00:{budget // 60:02d}:{budget % 60:02d}",
         f"trainer.val_check_interval={steps}", "trainer.log_every_n_steps=5", "checkpoint.average_last=0",
         "+trainer.profiler=simple", f"hydra.run.dir={run}", *extra,
