@@ -118,3 +118,18 @@ def test_the_installed_command_exits_with_2_and_one_line(corpus_root: Path, cach
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["aiayn-train: error: model.dropout=1.5 must be a probability in [0, 1)"]
     assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").glob("*/*"))
+
+
+def test_a_validation_interval_longer_than_an_epoch_stops_in_one_line(
+    corpus_root: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """How many batches an epoch holds is known once the corpus is encoded: a whole-batch interval that
+    validations at the epochs' ends could never reach stops the run there, with the key and the fix
+    (Lightning's own check raises with a traceback)."""
+    monkeypatch.chdir(tmp_path)
+    overrides = ["trainer.val_check_interval=1000", "trainer.check_val_every_n_epoch=1"]
+    assert train_in_process([*base(corpus_root, cache_dir), *overrides], monkeypatch) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("aiayn-train: error: trainer.val_check_interval=1000 is more than an epoch's ")
+    assert "checkpoint.every_steps=N" in lines[0]

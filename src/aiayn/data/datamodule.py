@@ -44,6 +44,19 @@ SAMPLE_SEED = 0  # the tokenizer's training sample does not depend on the run's 
 ROLES = ("train", "val", "test")
 
 
+def check_validation_interval(trainer: pl.Trainer, batches: int) -> None:
+    """A validation interval of whole batches must fit in an epoch of ``batches`` when validations follow
+    the epochs (Lightning refuses it with a traceback once the loader exists: here, the key and the fix)."""
+    interval = trainer.val_check_interval
+    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and interval > batches:
+        raise ConfigError(
+            "trainer.val_check_interval",
+            interval,
+            f"is more than an epoch's {batches} training batches: give a fraction of an epoch (1.0: at its end), "
+            f"or checkpoint.every_steps=N to validate every N optimizer steps across epochs",
+        )
+
+
 def check_sizes(
     *,
     tokenizer_sample: int,
@@ -418,6 +431,8 @@ class TranslationDataModule(pl.LightningDataModule):
             self._draw_epoch(self.datasets["train"], epoch)
         sampler = self._sampler("train", self.max_tokens)
         sampler.set_epoch(epoch)
+        if self.trainer is not None:
+            check_validation_interval(self.trainer, len(sampler))
         return ResumableDataLoader(
             self.datasets["train"],
             batch_sampler=sampler,
