@@ -118,10 +118,14 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         "batch_tokens": round(tokens / len(batches)),
         "params": {name: count_parameters(model) for name, model in models.items()},
     }
+    share = matmul_share(steps["aiayn"], batches)
+    result["matmul_share"] = round(share, 3)
     for name in speeds:
         if name != "aiayn":
             spread = ratio_spread(speeds["aiayn"], speeds[name])
             result[f"vs_{name}"], result[f"vs_{name}_range"] = spread["median"], [spread["min"], spread["max"]]
+            # our step with every operation but the matrix products free, against theirs as it is
+            result[f"vs_{name}_bound"] = round(spread["median"] / share, 3)
 
     lengths = sorted(mean_length(batch) for batch in batches)
     shape = (
@@ -140,7 +144,24 @@ def measure(model_name: str, args: argparse.Namespace) -> dict[str, Any]:
         f"model FLOP/s {result['model_gflops']} G / fp32 matmul {result['matmul_gflops']} G "
         f"= efficiency {result['efficiency']:.3f}"
     )
+    bounds = ", ".join(f"{result[f'vs_{name}_bound']:.2f}x {name}" for name in speeds if name != "aiayn")
+    print(f"matrix products {share:.1%} of our step; with everything else free it would be {bounds}")
     return result
+
+
+# The matrix products: the work all contestants share at equal dimensions (ours on fewer rows: the output
+# projection skips target padding), at a rate the fp32 ceiling bounds.
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
+
+
+def matmul_share(step: Step, batches: list[dict[str, Any]]) -> float:
+    """The matrix products' share of the self time of one step on each batch (``torch.profiler``): what
+    remains, 1 - share, is all that fusing or removing other work could ever save."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        for batch in batches:
+            step(batch)
+    times = {event.key: event.self_cpu_time_total for event in profile.key_averages()}
+    return sum(time for key, time in times.items() if key in MATMULS) / sum(times.values())
 
 
 def main() -> None:

@@ -86,6 +86,9 @@ def test_train_throughput_races_the_peers_with_the_same_parameters_on_the_same_b
     assert set(tiny) >= {"efficiency", "model_gflops", "matmul_gflops", "vs_marian", "vs_nn_transformer"}
     for peer in ("marian", "nn_transformer"):  # one round: its ratio is the median, the lowest and the highest
         assert tiny[f"vs_{peer}_range"] == [tiny[f"vs_{peer}"]] * 2
+        # the bound: our step with only its matrix products left, a share of its time profiled apart
+        assert tiny[f"vs_{peer}_bound"] == pytest.approx(tiny[f"vs_{peer}"] / tiny["matmul_share"], abs=0.002)
+    assert 0.05 < tiny["matmul_share"] < 1
 
 
 def test_the_raced_batches_span_the_epochs_lengths_and_the_ratios_are_taken_round_by_round(
