@@ -53,7 +53,7 @@ def check_validation_interval(trainer: pl.Trainer, batches: int) -> None:
             "trainer.val_check_interval",
             interval,
             f"is more than an epoch's {batches} training batches: give a fraction of an epoch (1.0: at its end), "
-            f"or checkpoint.every_steps=N to validate every N optimizer steps across epochs",
+            "or checkpoint.every_steps=N to validate every N optimizer steps across epochs",
         )
 
 
