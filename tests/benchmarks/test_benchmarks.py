@@ -86,8 +86,9 @@ def test_train_throughput_races_the_peers_with_the_same_parameters_on_the_same_b
     assert set(tiny) >= {"efficiency", "model_gflops", "matmul_gflops", "vs_marian", "vs_nn_transformer"}
     for peer in ("marian", "nn_transformer"):  # one round: its ratio is the median, the lowest and the highest
         assert tiny[f"vs_{peer}_range"] == [tiny[f"vs_{peer}"]] * 2
-        # the bound: our step with only its matrix products left, a share of its time profiled apart
-        assert tiny[f"vs_{peer}_bound"] == pytest.approx(tiny[f"vs_{peer}"] / tiny["matmul_share"], abs=0.002)
+        # the bound: our step with only its matrix products left, a share of its time profiled apart (the
+        # share is reported to 3 decimals: above 0.05, that is within 1% of the share the bound used)
+        assert tiny[f"vs_{peer}_bound"] == pytest.approx(tiny[f"vs_{peer}"] / tiny["matmul_share"], rel=0.01)
     assert 0.05 < tiny["matmul_share"] < 1
 
 
