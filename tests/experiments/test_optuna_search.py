@@ -1,6 +1,6 @@
 """A real search by Hydra's Optuna sweeper (``aiayn-train -m hparams_search=mini_optuna``): each trial is a
 run whose best monitored score the task returns; a trial that fails ends in its one line and the search
-goes on."""
+goes on. A database storage (``hydra.sweeper.storage``) keeps the study for the next command to continue."""
 
 from __future__ import annotations
 
@@ -64,3 +64,38 @@ def test_an_optuna_search_optimises_the_runs_best_score_and_goes_on_after_a_fail
     best = yaml.safe_load((multirun / "optimization_results.yaml").read_text())
     assert best["best_value"] == pytest.approx(results["best_score"])
     assert best["best_params"]["model.positional"] == "sinusoidal"
+
+
+def test_a_search_with_a_database_storage_continues_its_study_across_runs(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dev_extra("hydra_plugins.hydra_optuna_sweeper")
+    import optuna
+
+    monkeypatch.chdir(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"  # what mini_optuna.yaml recommends, in tmp_path
+
+    def search(n_trials: int) -> None:
+        argv = [
+            "-m",
+            "hparams_search=mini_optuna",
+            *smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA),
+            f"hydra.sweeper.storage={storage}",
+            f"hydra.sweeper.n_trials={n_trials}",
+            "checkpoint.monitor=val/loss",
+            "checkpoint.mode=min",
+            "hydra.sweeper.params={model.positional:'choice(learned,sinusoidal)'}",
+            "seed=2",
+        ]
+        assert train_in_process(argv, monkeypatch) == 0
+
+    search(2)
+    first = optuna.load_study(study_name="mini_table3", storage=storage).trials
+    assert [trial.number for trial in first] == [0, 1]
+    search(1)  # n_trials: the trials this command adds to the stored study
+    study = optuna.load_study(study_name="mini_table3", storage=storage)
+    assert [trial.number for trial in study.trials] == [0, 1, 2]
+    assert [trial.params for trial in study.trials[:2]] == [trial.params for trial in first]
+    assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials)
+    # the second command ran its trials in a multirun folder of its own; the study holds all three
+    assert len(list((tmp_path / "outputs" / "multirun").iterdir())) == 2
