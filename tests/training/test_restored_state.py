@@ -221,6 +221,46 @@ def test_a_tracker_naming_anything_but_a_file_of_the_run_is_dropped(
     assert STEPS not in smoke_restorer(cut, path)["callbacks"]
 
 
+@pytest.mark.parametrize(
+    ("tracker", "named"), [(STEPS, "best.ckpt"), (STEPS, "averaged.ckpt"), (BEST, "step0000006.ckpt")]
+)
+def test_a_tracker_naming_a_file_another_writes_is_dropped(
+    smoke_restorer: RestoredState, smoke_run_dir: Path, tracker: str, named: str
+) -> None:
+    """Lightning deletes what a tracker's state names once it is displaced: the step checkpoints' tracker
+    naming best.ckpt would delete it, the best one's naming a step checkpoint would delete that."""
+    folder = smoke_run_dir / "checkpoints"
+    path = folder / "last.ckpt"
+    checkpoint = torch.load(path, weights_only=True)
+    for field in ("best_model_path", "kth_best_model_path", "best_k_models"):
+        changed = copy.deepcopy(checkpoint)
+        value = str(folder / named)
+        changed["callbacks"][tracker][field] = {value: torch.tensor(1.0)} if field == "best_k_models" else value
+        assert tracker not in smoke_restorer(changed, path)["callbacks"], field
+    assert tracker in smoke_restorer(copy.deepcopy(checkpoint), path)["callbacks"]
+
+
+@pytest.mark.parametrize("keep_last", [1, 2, 3])
+def test_a_resume_from_a_checkpoint_holding_one_step_checkpoint_finishes_with_any_keep_last(
+    smoke_run_dir: Path, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    keep_last: int,
+) -> None:  # fmt: skip
+    """step0000006.ckpt's tracker holds one file of the two it keeps (its k-th is still unset): a run that
+    keeps fewer displaces one at once, and must know which (it looked up '' and crashed)."""
+    run = copy_of(smoke_run_dir, tmp_path)
+    older = run / "checkpoints" / "step0000006.ckpt"
+    moved = torch.load(older, weights_only=True)  # the copy's trackers name its own files, as the run's did
+    for tracker in (BEST, STEPS):
+        moved["callbacks"][tracker] = json.loads(json.dumps(moved["callbacks"][tracker], default=float).replace(
+            str(smoke_run_dir), str(run)))  # fmt: skip
+    torch.save(moved, older)
+    assert resume(run, corpus_root, cache_dir, monkeypatch, f"resume={older}", f"checkpoint.keep_last={keep_last}") == 0
+    kept = sorted(path.name for path in (run / "checkpoints").glob("step*.ckpt"))
+    # Lightning never deletes the checkpoint a run resumed from; of the others, the newest keep_last stay.
+    assert kept == ["step0000006.ckpt", *["step0000012.ckpt", "step0000018.ckpt"][-keep_last:]]
+    assert json.loads((run / "results.json").read_text())["steps"] == 18
+
+
 def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
     smoke_run_dir: Path,
     tmp_path: Path,

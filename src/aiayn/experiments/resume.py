@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from aiayn.training.checkpoints import (
     BATCH_KEY,
     DATA_KEY,
     OVERRIDES_KEY,
+    STEP_FILE,
     check_resumable,
     load_checkpoint,
     run_entry,
@@ -217,7 +217,7 @@ def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
 def _step(path: Path) -> float:
     """A checkpoint's global step: from a step checkpoint's name, else from the file; an unreadable
     file (the truncated ``last.ckpt`` a resume from an older one goes around) counts as newer."""
-    if found := re.fullmatch(r"step(\d+)\.ckpt", path.name):
+    if found := STEP_FILE.fullmatch(path.name):
         return int(found.group(1))
     try:
         step = load_checkpoint(path, mmap=True).get("global_step", 0)

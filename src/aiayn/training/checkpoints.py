@@ -31,7 +31,7 @@ OVERRIDES_KEY = "overrides"  # RUN_KEY entry: the command line's overrides, whic
 DATA_KEY = "data_cache"  # RUN_KEY entry: the name of the data's cache entry (corpus digest, vocabulary)
 BATCH_KEY = "batch_layout"  # RUN_KEY entry: aiayn.training.batching.batch_layout
 STEP_NAME = "step{step:07d}"  # ModelCheckpoint filename template of the periodic checkpoints
-_STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")
+STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")  # the names STEP_NAME gives
 _PROTOCOL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file://, local://, s3://, simplecache::s3://
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
@@ -42,7 +42,7 @@ def step_checkpoints(run: Path) -> list[Path]:
     folder = run / "checkpoints" if (run / "checkpoints").is_dir() else run
     if not folder.is_dir():
         raise CheckpointError(f"{run} is not a folder; give a run folder or its checkpoints/ folder")
-    found = [(int(m.group(1)), path) for path in folder.iterdir() if (m := _STEP_FILE.match(path.name))]
+    found = [(int(m.group(1)), path) for path in folder.iterdir() if (m := STEP_FILE.match(path.name))]
     return [path for _, path in sorted(found)]
 
 

@@ -41,7 +41,7 @@ from aiayn.training.callbacks.ema import ExponentialMovingAverage
 from aiayn.training.callbacks.faults import NonFiniteGuard
 from aiayn.training.callbacks.run_state import RandomState
 from aiayn.training.callbacks.throughput import TokenThroughput
-from aiayn.training.checkpoints import RUN_KEY, directly_inside, remove_plain_file
+from aiayn.training.checkpoints import RUN_KEY, STEP_FILE, STEP_NAME, directly_inside, remove_plain_file
 from aiayn.training.schedule import SCHEDULE_FIELDS
 
 log = logging.getLogger(__name__)
@@ -270,6 +270,7 @@ class RestoredState:
                 self.folder,
             )
             return None
+        own = _written_by(callback)
         for key, value in paths:
             if value != "" and not (isinstance(value, str) and directly_inside(value, self.folder)):
                 log.warning(
@@ -279,6 +280,15 @@ class RestoredState:
                     key,
                     _short(value),
                     self.folder,
+                )
+                return None
+            if value != "" and not own.fullmatch(Path(value).name):  # it would delete best.ckpt, an average
+                log.warning(
+                    "checkpoint %s: dropped %s, whose %s %s is not a file this tracker writes",
+                    path,
+                    name,
+                    key,
+                    _short(value),
                 )
                 return None
         for key in ("best_model_score", "current_score", "kth_value"):
@@ -520,20 +530,32 @@ def _score(field: Fields, name: str, value: Any, allow_none: bool = True) -> Non
     raise field.error(name, _shape(value) if isinstance(value, torch.Tensor) else value, "is not a score")
 
 
+def _written_by(callback: ModelCheckpoint) -> re.Pattern[str]:
+    """The names of the files ``callback`` writes, and so the only ones its state may name (Lightning
+    deletes what a tracker's state names): ``step<N>.ckpt``, or ``<filename>.ckpt`` (``best.ckpt``)."""
+    if callback.filename == STEP_NAME:
+        return STEP_FILE
+    return re.compile(re.escape(f"{callback.filename}{callback.FILE_EXTENSION}"))
+
+
 def _trimmed(
     state: dict[str, Any], scores: dict[str, Any], callback: ModelCheckpoint, path: Path, folder: Path
 ) -> dict[str, Any]:
+    """``state`` ranked again for this run's ``save_top_k`` and ``mode``: the entries beyond it dropped
+    (their step checkpoints deleted), and the worst kept one as Lightning's "k-th", which it displaces
+    (and looks up) once the tracker holds ``save_top_k`` files. Whatever the stored run kept, a count
+    equal to this run's has its k-th, so the next save replaces a file the tracker holds."""
     keep = callback.save_top_k
+    ranked = sorted(scores, key=lambda name: float(scores[name]), reverse=callback.mode == "max")
+    if keep > 0 and len(ranked) >= keep:
+        state["kth_best_model_path"], state["kth_value"] = ranked[keep - 1], scores[ranked[keep - 1]]
     if keep < 0 or len(scores) <= keep:
         return state
-    ranked = sorted(scores, key=lambda name: float(scores[name]), reverse=callback.mode == "max")
     kept, dropped = ranked[:keep], ranked[keep:]
     state["best_k_models"] = {name: scores[name] for name in kept}
-    if kept:
-        state["kth_best_model_path"], state["kth_value"] = kept[-1], scores[kept[-1]]
     if rank_zero_only.rank == 0:
         for name in dropped:  # only step checkpoints are pruned; never the one resumed from
-            if re.fullmatch(r"step\d+\.ckpt", Path(name).name) and not same_file(name, path):
+            if STEP_FILE.fullmatch(Path(name).name) and not same_file(name, path):
                 remove_plain_file(name, folder)
         log.warning(
             "checkpoint %s kept %d checkpoints by %s, this run keeps %d: removed %s",
