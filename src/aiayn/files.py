@@ -65,6 +65,22 @@ def open_plain_file(path: Path) -> IO[bytes]:
     return os.fdopen(fd, "rb")
 
 
+def open_for_append(path: Path) -> IO[bytes]:
+    """``path`` open for appending (created when missing) when it is a plain file: a link is refused, not
+    written through, and a FIFO is not waited on (:class:`~aiayn.errors.DataError`, naming it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO that nobody reads
+            raise
+        raise DataError(f"{path}: is a {'link' if error.errno == errno.ELOOP else 'FIFO'}; aiayn appends only to "
+                        "plain files of its own: remove it") from None  # fmt: skip
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{path}: is not a plain file; aiayn appends only to plain files of its own: remove it")
+    return os.fdopen(fd, "ab")
+
+
 def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` whole or not at all: into a temporary file of its own folder, flushed to the disk,
     then renamed over ``path``. ``content`` is text (UTF-8), bytes, or a function that writes into the
@@ -203,7 +219,10 @@ def hold_run_folder(folder: Path) -> bool:
         return False
     refuse_links(folder)
     created = not (folder / LOCK_FILE).exists()
-    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # made in the moment since refuse_links looked
+        os.close(fd)
+        raise DataError(f"{folder / LOCK_FILE}: is not a plain file; remove it (or start the run in another folder)")
     deadline = time.monotonic() + 1.0  # run_folder_holder's shared lock of a moment is not a holder
     while True:
         try:
@@ -232,17 +251,63 @@ def hold_run_folder(folder: Path) -> bool:
 
 
 def refuse_links(folder: Path) -> None:
-    """A :class:`~aiayn.errors.DataError` when an entry of the run folder ``folder`` is a link: aiayn
-    never makes one there, and a run writes through them (a linked ``checkpoints/`` is another run's,
-    a linked ``run.lock`` or ``train.log`` a file elsewhere). A copied or shared folder may hold them."""
-    checkpoints = folder / "checkpoints"
-    inner = sorted(checkpoints.iterdir()) if checkpoints.is_dir() and not checkpoints.is_symlink() else []
-    for entry in [*sorted(folder.iterdir()), *inner]:
-        if entry.is_symlink():
-            raise DataError(
-                f"{entry}: is a link; a run writes only into its own folder: move it out of {folder} "
-                "(or start the run in another folder)"
-            )
+    """A :class:`~aiayn.errors.DataError` when anything in the run (or sweep) folder ``folder``, at any
+    depth, is a link, or neither a plain file nor a folder (a FIFO, a device, a socket): aiayn never makes
+    one there, Hydra, the loggers and the checkpoints write through links (a linked ``.hydra/config.yaml``
+    is a file elsewhere overwritten, a linked ``checkpoints/`` another run's pruned), and opening a FIFO
+    blocks. A copied or shared folder may hold them. Checked once, by the process that holds the folder
+    (nothing else writes there while it does), before anything is written; the links W&B keeps in its own
+    folder (:func:`_wandb_link`) are the one exception."""
+    folder = Path(folder)
+    pending = [folder]
+    while pending:
+        current = pending.pop()
+        try:
+            entries = sorted(os.scandir(current), key=lambda entry: entry.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_symlink():
+                if _wandb_link(path):
+                    continue
+                raise DataError(
+                    f"{path}: is a link; a run writes only into its own folder: move it out of {folder} "
+                    "(or start the run in another folder)"
+                )
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(path)
+            elif not entry.is_file(follow_symlinks=False):
+                raise DataError(
+                    f"{path}: is not a plain file or folder (a FIFO, a device or a socket); aiayn reads and writes "
+                    f"only plain files in {folder}: remove it (or start the run in another folder)"
+                )
+
+
+# Where W&B writes in a run folder (.wandb instead of wandb when it exists). It points ``latest-run``,
+# ``debug.log`` and ``debug-internal.log`` there at its newest run with relative links, which it replaces
+# (a rename) rather than writes through.
+WANDB_FOLDERS = ("wandb", ".wandb")
+
+
+def _wandb_link(path: Path) -> bool:
+    """``path`` is a link W&B made: directly in a W&B folder, pointing down into it (a chain of such links
+    stays inside; a link further down is refused by itself)."""
+    if path.parent.name not in WANDB_FOLDERS:
+        return False
+    target = Path(os.readlink(path))
+    return not target.is_absolute() and ".." not in target.parts
+
+
+def own_folder(path: Path) -> Path:
+    """The folder ``path`` (made when missing) when it is a folder, not a link to one: aiayn is about to
+    write into it. A :class:`~aiayn.errors.DataError` names what is there instead."""
+    path = Path(path)
+    path.mkdir(exist_ok=True)
+    if path.is_symlink() or not path.is_dir():
+        raise DataError(f"{path}: is {'a link' if path.is_symlink() else 'not a folder'}; aiayn writes only into "
+                        "folders of its own: move it away")  # fmt: skip
+    return path
 
 
 def refuse_linked_paths(root: Path, folder: Path, files: Sequence[str] = ()) -> None:
@@ -293,14 +358,20 @@ def run_folder_held(folder: Path) -> Iterator[None]:
 
 
 def run_folder_holder(folder: Path) -> str | None:
-    """Who holds ``folder`` (``pid 123 on node7, since ...``), or None when no living process does."""
+    """Who holds ``folder`` (``pid 123 on node7, since ...``), or None when no living process does. A lock
+    file that is a link, a FIFO or a device is read as held (by nobody): no run can take that folder."""
     own = _held.get(Path(folder).resolve())
     if own is not None:
         return _read_holder(own)
     try:
-        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(Path(folder) / LOCK_FILE, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as error:  # a link (ELOOP): not a lock aiayn made, so not a folder to take
+        return f"nobody: {LOCK_FILE} cannot be read ({error.strerror})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO would never answer a read
+        os.close(fd)
+        return f"nobody: {LOCK_FILE} is not a plain file"
     try:
         _flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, Path(folder))
     except BlockingIOError:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import hydra.core.utils
@@ -128,6 +129,17 @@ def test_resume_true_skips_runs_that_a_living_process_writes(tmp_path: Path) -> 
         process.kill()
         process.wait(timeout=60)
     assert latest_run(tmp_path) == tmp_path / "newer"
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "link"])
+def test_resume_true_skips_a_run_whose_lock_is_a_fifo_or_a_link_at_once(tmp_path: Path, kind: str) -> None:
+    last = tmp_path / "shared" / "checkpoints" / "last.ckpt"
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"x")
+    lock = tmp_path / "shared" / "run.lock"
+    os.mkfifo(lock) if kind == "FIFO" else lock.symlink_to(tmp_path / "elsewhere.lock")
+    with ThreadPoolExecutor(1) as pool:  # a FIFO opened for reading would wait for a writer forever
+        assert pool.submit(latest_run, tmp_path).result(timeout=10) is None
 
 
 class OneSecond(datetime.datetime):

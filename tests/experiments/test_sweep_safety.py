@@ -338,3 +338,24 @@ def test_a_trial_metric_is_read_from_a_damaged_metrics_file_without_a_traceback(
     history.write_bytes(b"\x00\x01 not a csv \xff\n")
     assert last_logged(history, "val/bleu") is None
     assert last_logged(tmp_path / "missing.csv", "val/bleu") is None
+
+
+@pytest.mark.parametrize("entry", ["logs", "logs/trial-1.params.yaml", "logs/trial-1.log", "seed=1", ".lock"])
+def test_a_shared_sweep_folder_with_a_link_is_refused_before_any_trial_writes(
+    entry: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A link in logs/ took a trial's parameters and output elsewhere; one named like a trial's folder had the
+    trial trained in its target, replacing that folder's results.json."""
+    sweep = fake_sweep(tmp_path, [1], "seconds=0")
+    folder = tmp_path / "shared"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "results.json").write_text("precious")
+    (folder / entry).parent.mkdir(parents=True, exist_ok=True)
+    (folder / entry).symlink_to(victim if entry in ("logs", "seed=1") else victim / "results.json")
+    monkeypatch.chdir(tmp_path)
+    status, _, err = sweep_main([sweep, "--dir", folder], capsys)
+    assert status == 2 and err.startswith(f"aiayn-sweep: error: {folder / entry}: is a link"), err
+    assert len(err.splitlines()) == 1
+    assert sorted(p.name for p in victim.iterdir()) == ["results.json"]
+    assert (victim / "results.json").read_text() == "precious"

@@ -278,7 +278,17 @@ def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
 
 
 @pytest.mark.parametrize(
-    "entry", ["run.lock", "checkpoints", "train.log", ".hydra", "checkpoints/abandoned-after-step6"]
+    "entry",
+    [
+        "run.lock",
+        "checkpoints",
+        "train.log",
+        ".hydra",
+        ".hydra/config.yaml",
+        "checkpoints/abandoned-after-step6",
+        "checkpoints/abandoned-after-step6/last.ckpt",
+        "csv/metrics.csv",
+    ],
 )
 def test_a_run_folder_with_a_link_in_it_is_not_continued(
     smoke_run_dir: Path,
@@ -294,6 +304,7 @@ def test_a_run_folder_with_a_link_in_it_is_not_continued(
     run = copy_of(smoke_run_dir, tmp_path)
     victim = sentinel_tree(tmp_path)
     target = victim / "inner" / "keep.txt" if entry in ("run.lock", "train.log") else victim
+    (run / entry).parent.mkdir(parents=True, exist_ok=True)
     if (run / entry).is_dir():
         shutil.rmtree(run / entry)
     (run / entry).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from aiayn.config.build import RUN_FLAGS
 from aiayn.config.naming import NOT_IN_RUN_NAMES, defining_overrides
 from aiayn.errors import CheckpointError, ConfigError, show, whole
-from aiayn.files import same_file
+from aiayn.files import own_folder, same_file
 from aiayn.training.checkpoints import (
     BATCH_KEY,
     DATA_KEY,
@@ -207,10 +207,9 @@ def set_aside_newer(folder: Path, resumed: Path, step: int) -> None:
     ]
     if not newer:
         return
-    aside = folder / f"abandoned-after-step{step}"
-    aside.mkdir(exist_ok=True)
+    aside = own_folder(folder / f"abandoned-after-step{step}")
     for path in newer:
-        shutil.move(path, aside / path.name)
+        os.replace(path, aside / path.name)  # a rename within checkpoints/: never a copy elsewhere
     log.warning("resuming at step %d: moved %d newer checkpoints to %s", step, len(newer), aside)
 
 

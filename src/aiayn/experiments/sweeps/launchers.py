@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.experiments.sweeps.state import JOB_ID, SLURM, SUBMITIT_FOLDER, SUBMITIT_LOCAL
-from aiayn.files import atomic_write
+from aiayn.files import atomic_write, open_for_append
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class TrialProcess:
 
 def start_process(command: Sequence[str], env: dict[str, str], log_file: Path) -> TrialProcess:
     """Start ``command`` as a trial of the local launcher, its output appended to ``log_file``."""
-    with open(log_file, "ab") as output:
+    with open_for_append(log_file) as output:
         process = subprocess.Popen(
             list(command), stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
@@ -129,7 +129,7 @@ class TrialJob:
     def __call__(self) -> int:
         if job_rank() == 0:  # a requeued job runs again: an earlier attempt's status is not this one's
             Path(self.exit_file).unlink(missing_ok=True)
-        with open(self.log_file, "ab") as output:
+        with open_for_append(Path(self.log_file)) as output:
             process = subprocess.Popen(self.command, stdout=output, stderr=subprocess.STDOUT, env=self.environment())
         self._process, self._ended = process, threading.Event()
         # A thread waits for the child, the main thread for the thread: submitit's signal handler runs in

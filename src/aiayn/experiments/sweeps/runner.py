@@ -3,9 +3,12 @@ sweep folder; SIGINT and SIGTERM stop its trials gently and are recorded (see :m
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
+import os
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -55,7 +58,7 @@ from aiayn.experiments.sweeps.trial import (
     trial_folder,
 )
 from aiayn.extras import require
-from aiayn.files import run_folder_holder
+from aiayn.files import refuse_links, run_folder_holder
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +104,7 @@ def run_sweep(
     total = trial_count(config, count, source)
     folder.mkdir(parents=True, exist_ok=True)
     with exclusive(folder):
+        refuse_links(folder)  # a shared folder's links would take the trials' writes elsewhere
         state = SweepState.open(folder, config, source)
         state.save()
         run_trials(state, total, parallel, report, launcher)
@@ -110,12 +114,22 @@ def run_sweep(
 @contextmanager
 def exclusive(folder: Path) -> Iterator[None]:
     """One runner per sweep folder: a second would start the same trials in the same run folders."""
-    with open(folder / ".lock", "a+") as lock:
+    path = folder / ".lock"
+    try:
+        lock = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        why = "is a link" if error.errno == errno.ELOOP else f"cannot be opened ({error.strerror})"
+        raise SweepError(f"{path}: {why}; remove it (or run the sweep in another folder)") from None
+    try:
+        if not stat.S_ISREG(os.fstat(lock).st_mode):
+            raise SweepError(f"{path}: is not a plain file; remove it (or run the sweep in another folder)")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise SweepError(f"another aiayn-sweep is running in {folder}; wait for it or stop it") from None
         yield
+    finally:
+        os.close(lock)
 
 
 def run_trials(

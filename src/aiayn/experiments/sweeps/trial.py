@@ -19,6 +19,7 @@ from aiayn.experiments.sweeps.file import command_overrides
 from aiayn.experiments.sweeps.launchers import SubmititLauncher, TrialHandle, TrialJob, start_process
 from aiayn.experiments.sweeps.state import FAILED, FINISHED, LOCAL, RUNNING, SweepError, SweepState, Trial
 from aiayn.extras import missing_hydra_plugin
+from aiayn.files import atomic_write, own_folder
 from aiayn.machine import available_cpus
 from aiayn.training.metrics import METRICS_CSV, metric_rows
 
@@ -87,12 +88,11 @@ def start_trial(
     trial.run_dir = trial_folder(trial, state)
     trial.state, trial.returncode, trial.metric, trial.error = RUNNING, None, None, None
     trial.launcher, trial.job_id, trial.job_state = launcher, None, None
-    logs = state.folder / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    logs = own_folder(state.folder / "logs")
     # As `wandb agent` does: the trial's parameters in W&B's format, named by $WANDB_SWEEP_PARAM_PATH
     # (W&B records them in the run's config).
     params = logs / f"{trial.name}.params.yaml"
-    params.write_text(yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
+    atomic_write(params, yaml.safe_dump({key: {"value": value} for key, value in trial.params.items()}))
     log.info("%s: %s", trial.name, " ".join(trial.command))
     own = {"WANDB_SWEEP_PARAM_PATH": str(params), RUN_DIR_ENV: str(state.folder / trial.run_dir)}
     if trial.devices is not None:  # placed by the runner: these GPUs (none for a CPU trial)

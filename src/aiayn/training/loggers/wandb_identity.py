@@ -32,7 +32,6 @@ RUN_ID_FILE = Path("wandb") / "run_id"
 RUN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 RUN_ID_RULE = "1 to 64 letters, digits, '-' or '_'"
 RUN_ID_BYTES = 8192  # an id, and a folder's path of at most PATH_MAX (4096) bytes: a larger file is not read
-WANDB_FOLDERS = ("wandb", ".wandb")  # where W&B writes in its save_dir (.wandb instead of wandb when it exists)
 
 
 def wandb_credentials() -> str | None:

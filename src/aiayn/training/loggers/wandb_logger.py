@@ -13,10 +13,9 @@ from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.files import refuse_linked_paths
+from aiayn.files import WANDB_FOLDERS, refuse_linked_paths
 from aiayn.training.loggers.wandb_identity import (
     RUN_ID_FILE,
-    WANDB_FOLDERS,
     bind_run_id,
     bound_run_id,
     folder_run_id,
