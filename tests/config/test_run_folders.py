@@ -142,6 +142,51 @@ def test_resume_true_skips_a_run_whose_lock_is_a_fifo_or_a_link_at_once(tmp_path
         assert pool.submit(latest_run, tmp_path).result(timeout=10) is None
 
 
+def test_resume_true_with_nothing_to_resume_is_refused_before_any_work_and_leaves_no_folder(
+    tmp_path: Path, corpus_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output, cache = tmp_path / "outputs", tmp_path / "cache"
+    argv = [*smoke_run(corpus_root, cache, "resume=true", "logger=wandb"), f"paths.output_dir={output}"]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert train_in_process(argv, monkeypatch) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("aiayn-train: error: resume=true found no earlier run with checkpoints/last.ckpt in ")
+    assert not cache.exists()  # no tokenizer trained, no corpus encoded
+    assert list(output.iterdir()) == []  # nor a run folder, nor outputs/<name>
+
+
+def test_a_run_folder_that_cannot_be_made_is_refused_in_one_line_before_hydra_writes(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    (tmp_path / "file").write_text("not a folder")
+    run_dir = tmp_path / "file" / "run"
+    assert train_in_process([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("aiayn-train: error: ") and "Not a directory" in line
+    assert (tmp_path / "file").read_text() == "not a folder"
+
+
+def test_a_bug_in_the_run_folder_callback_stops_the_run_with_its_traceback(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Hydra would make a warning of the error and write .hydra/ and the log into a folder nobody holds."""
+
+    def broken(folder: Path) -> bool:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("aiayn.cli.train.hold_run_folder", broken)
+    run_dir = tmp_path / "run"
+    assert train_in_process([*smoke_run(corpus_root, cache_dir), f"hydra.run.dir={run_dir}"], monkeypatch) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "RuntimeError: a bug" in err
+    assert err.strip().splitlines()[-1] == (
+        "aiayn-train: error: a bug in aiayn stopped the run before it started (traceback above); please report it"
+    )
+    assert not (run_dir / ".hydra").exists() and not (run_dir / "train.log").exists()
+
+
 class OneSecond(datetime.datetime):
     """A clock that stays at one second: Hydra's ``${now:...}`` names every multirun's folder alike."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -106,8 +107,8 @@ def reported_run_errors(program: str, run_dir: Path, created: bool, again: str =
     try:
         yield
     except (*RUN_INPUT_ERRORS, OmegaConfBaseException) as error:
-        if created and process_rank() == 0 and not isinstance(error, RunFolderBusy) and only_hydra_files(run_dir):
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if created and process_rank() == 0 and not isinstance(error, RunFolderBusy):
+            remove_unstarted_run(run_dir)
         fail(program, unresolvable(error) if isinstance(error, OmegaConfBaseException) else error, 2)
     except TrainingDiverged as error:
         fail(program, error, 1)
@@ -130,6 +131,17 @@ def unresolvable(error: OmegaConfBaseException) -> str:
     """One line for a setting OmegaConf cannot resolve (``name='${oops}'``), naming its key."""
     where = f" (in {error.full_key})" if getattr(error, "full_key", None) else ""
     return f"a setting cannot be resolved: {first_line(error)}{where}; check the ${{...}} of the overrides"
+
+
+def remove_unstarted_run(run_dir: Path) -> None:
+    """Remove the folder ``run_dir`` that this command reserved (:func:`aiayn.config.naming.run_dir`) when it
+    holds nothing a run wrote (:func:`only_hydra_files`), and then its parent (``outputs/<name>``) when
+    that is empty: a run refused before it started leaves no folder."""
+    if run_dir.is_symlink() or not only_hydra_files(run_dir):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        run_dir.parent.rmdir()  # only when empty
 
 
 def only_hydra_files(run_dir: Path) -> bool:

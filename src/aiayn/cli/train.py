@@ -7,6 +7,8 @@ import json
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from aiayn.cli.common import fail, quiet_libraries, reported_hydra_errors, reported_run_errors
+from aiayn.cli.common import (
+    fail,
+    quiet_libraries,
+    remove_unstarted_run,
+    reported_hydra_errors,
+    reported_run_errors,
+)
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.config.naming import RUN_DIR_ENV
@@ -93,47 +101,87 @@ def run(cfg: DictConfig) -> float:
 class RunFolderLock(Callback):
     """Makes this process the one writer of the run's folder (:func:`aiayn.files.hold_run_folder`) as
     soon as Hydra has chosen it, before Hydra writes ``.hydra/`` into it: a second ``aiayn-train`` in a
-    folder that a living run writes stops here, with exit status 2, and changes nothing in it. The
-    run's own lock in :func:`~aiayn.experiments.run.train` is then this one.
+    folder that a living run writes stops here, with exit status 2, and changes nothing in it; so does a
+    folder with a link, a FIFO or a device anywhere in it, and ``resume=`` that names nothing to
+    continue. The run's own lock in :func:`~aiayn.experiments.run.train` is then this one.
 
     A multirun (``-m``) holds its own folder likewise, before Hydra writes ``multirun.yaml`` there; each
     job's folder is held as Hydra chooses it (:func:`aiayn.config.naming.job_dir`) and given up here when
-    the job ends (the next jobs may run for hours: the finished one can be continued meanwhile)."""
+    the job ends (the next jobs may run for hours: the finished one can be continued meanwhile).
+
+    Hydra turns a callback's exception into a warning and goes on writing into the folder, so every
+    error ends the command here (:func:`stopping_errors`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self._hold(config, "run")
+        with stopping_errors():
+            folder = self._hold(config, "run")
+            if folder is not None:
+                self._check_resume(config, folder)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from aiayn.cli.multirun import check_launcher
 
-        try:  # before any job: a launcher that cannot start DDP ranks (each job checks its own config too)
+        with stopping_errors():
+            # Before any job: a launcher that cannot start DDP ranks (each job checks its own config too).
             check_launcher(config.trainer, config.hydra)
-        except ConfigError as error:
-            fail("aiayn-train", error, 2)
-        self._hold(config, "sweep")
+            self._hold(config, "sweep")
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.hydra.mode == RunMode.MULTIRUN and process_rank() == 0:
-            release_run_folder(Path(config.hydra.runtime.output_dir))
+        with stopping_errors():
+            if config.hydra.mode == RunMode.MULTIRUN and process_rank() == 0:
+                release_run_folder(Path(config.hydra.runtime.output_dir))
 
     @staticmethod
-    def _hold(config: DictConfig, node: str) -> None:
-        """Hold ``hydra.<node>.dir``; a folder that another process writes, or whose file system has no
-        locks, ends the command in one line with exit status 2."""
+    def _hold(config: DictConfig, node: str) -> Path | None:
+        """Hold ``hydra.<node>.dir``, which is returned (None in a DDP rank other than the first, and when
+        the name cannot be resolved yet). Whatever stops it removes the folder when this command reserved
+        it and it is still empty (:func:`~aiayn.cli.common.remove_unstarted_run`)."""
         if process_rank() != 0:  # a DDP rank that Lightning started: the first rank holds the folder
-            return
+            return None
         HydraConfig.instance().set_config(config)  # the folder's name reads the runtime choices
         try:
             folder = Path(config.hydra[node].dir)
         except OmegaConfBaseException:
-            return  # a setting in the name that cannot be resolved: Hydra reports it in a moment
+            return None  # a setting in the name that cannot be resolved: Hydra reports it in a moment
         try:
             hold_run_folder(folder)
-        except (RunFolderBusy, DataError) as error:
-            if isinstance(error, DataError) and not named_by_user(config.hydra, node):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()  # reserved for this command (aiayn.config.naming) and still empty
-            fail("aiayn-train", error, 2)
+        except BaseException as error:
+            if not isinstance(error, RunFolderBusy) and not named_by_user(config.hydra, node):
+                remove_unstarted_run(folder)
+            raise
+        return folder
+
+    @staticmethod
+    def _check_resume(config: DictConfig, folder: Path) -> None:
+        """``resume=`` names something to continue, or nothing (:func:`requested_checkpoint`): refused here,
+        before the tokenizer, the data and the dashboard's run, and before Hydra writes into the folder."""
+        from aiayn.experiments.resume import requested_checkpoint
+
+        try:
+            requested = config.resume
+        except OmegaConfBaseException:
+            return  # reported with the rest of the config
+        try:
+            requested_checkpoint(requested, folder)
+        except ConfigError:
+            if not named_by_user(config.hydra, "run"):
+                release_run_folder(folder)
+                remove_unstarted_run(folder)
+            raise
+
+
+@contextlib.contextmanager
+def stopping_errors() -> Iterator[None]:
+    """Around a Hydra callback's work: an error a user can act on ends the command in one line with exit
+    status 2, anything else with its traceback, named as a bug of aiayn, and status 1. Never the
+    warning Hydra would make of it."""
+    try:
+        yield
+    except (RunFolderBusy, DataError, ConfigError, OSError) as error:
+        fail("aiayn-train", error, 2)
+    except Exception:
+        traceback.print_exc()
+        fail("aiayn-train", "a bug in aiayn stopped the run before it started (traceback above); please report it", 1)
 
 
 def folder_error(error: BaseException | None) -> RunFolderBusy | DataError | None:

@@ -28,7 +28,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from aiayn.config.build import build_loggers
 from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
-from aiayn.experiments.resume import resume_from
+from aiayn.experiments.resume import requested_checkpoint, resume_from
 from aiayn.experiments.run_info import log_run_config
 from aiayn.files import TEST_TRANSLATIONS, atomic_write, run_folder_held
 from aiayn.model import count_parameters
@@ -137,6 +137,7 @@ def train(
     with sole_writer(run_dir):
         # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
         plan = plan_run(cfg, overrides, group)
+        requested_checkpoint(plan.resume, run_dir)  # nothing to continue: refused before the data is prepared
         run = run_callbacks(plan, run_dir)
         loggers = build_loggers(plan.logger, run_dir, plan.identity)
         if rank_zero_only.rank == 0:  # before the DDP ranks start: a data error ends the run here, in one line
