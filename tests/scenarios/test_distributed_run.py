@@ -8,6 +8,7 @@ import json
 import math
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,39 @@ def test_bf16_mixed_precision_trains_on_the_cpu(tmp_path: Path, multi30k_root: P
     # it learns under bf16 autocast: the last 4 steps' loss was 0.82-0.86 of the first 4's over seeds 1-6
     # (AMD EPYC; at eq. 3's full scale, 2x its peak rate for this model, 0.85-0.87 against a bound of 0.9)
     assert sum(losses[-4:]) < 0.92 * sum(losses[:4])
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2",
+              "SLURM_NNODES": "1", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+              "SLURM_JOB_NODELIST": "localhost", "SLURM_JOB_NAME": "aiayn"}  # fmt: skip
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "srun"])
+def test_ranks_a_launcher_starts_agree_on_one_run_folder(
+    launcher: str, tmp_path: Path, corpus_root: Path, cache_dir: Path
+) -> None:
+    """Each rank resolves the run's folder itself: from its own clock, rank 1 made a folder first and rank 0
+    took <time>-2. torchrun's ranks agree through its agent's store, an srun step's through its job and step."""
+    output = tmp_path / "outputs"
+    overrides = [*resumable_run(corpus_root, cache_dir, pairs=100, eval_pairs=4, log_every=2), "hardware=cpu_ddp",
+                 "trainer.max_steps=2", "trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null",
+                 f"paths.output_dir={output}"]  # fmt: skip
+    scripts = Path(sys.executable).parent  # the console scripts of this environment
+    if launcher == "torchrun":
+        commands = [([str(scripts / "torchrun"), "--nproc_per_node=2", "--no-python", "aiayn-train"], {})]
+    else:
+        commands = [([], {**SLURM_STEP, "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)}) for rank in (0, 1)]
+    runs = [
+        subprocess.Popen([*(start or [str(scripts / "aiayn-train")]), *overrides], env={**environment(), **env},
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for start, env in commands
+    ]  # fmt: skip
+    for run in runs:
+        out, _ = run.communicate(timeout=300)
+        assert run.returncode == 0, out[-4000:]
+    (name,) = output.iterdir()
+    (folder,) = name.iterdir()
+    assert folder.name == "slurm-77.0" if launcher == "srun" else folder.name[:4].isdigit()
+    assert json.loads((folder / "results.json").read_text())["steps"] == 2
+    assert (folder / "train_rank1.log").is_file() and sorted(p.name for p in (folder / ".hydra").iterdir()) == [
+        "config.yaml", "hydra.yaml", "overrides.yaml"]  # fmt: skip

@@ -16,7 +16,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict, read_write
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from aiayn.cli.common import (
@@ -114,9 +114,19 @@ class RunFolderLock(Callback):
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         with stopping_errors():
+            if process_rank() != 0 and config.hydra.output_subdir is not None:  # Lightning's ranks: None
+                self._other_rank(config)
             folder = self._hold(config, "run")
             if folder is not None:
                 self._check_resume(config, folder)
+
+    @staticmethod
+    def _other_rank(config: DictConfig) -> None:
+        """A rank that ``torchrun`` or ``srun`` started shares the first rank's folder: it writes no
+        ``.hydra/`` there and logs to a file of its own, as the ranks Lightning starts do."""
+        with read_write(config.hydra), open_dict(config.hydra):
+            config.hydra.output_subdir = None
+            config.hydra.job.name = f"{config.hydra.job.name}_rank{process_rank()}"
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from aiayn.cli.multirun import check_launcher

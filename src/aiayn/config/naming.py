@@ -18,11 +18,13 @@ from typing import Any
 import yaml
 from hydra.types import RunMode
 
+from aiayn.errors import DataError, read_plain_file
 from aiayn.files import hold_run_folder, run_folder_holder
 from aiayn.machine import process_rank
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...
 RUN_DIR_ENV = "AIAYN_RUN_DIR"  # ... and the trial's own folder in it
+TORCHRUN_KEY = "aiayn/run_dir"  # the run folder's name in torchrun's store (torchrun_folder)
 OUTPUT_ENV = "AIAYN_OUTPUT"  # where runs, multiruns and sweeps are written (cluster scratch); default outputs/
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
@@ -30,6 +32,7 @@ NOT_IN_RUN_NAMES = (
     "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir", "paths.",
 )  # fmt: skip
 MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
+PARAMS_BYTES = 1 << 20  # a trial's parameters, as aiayn-sweep and wandb agent write them: a few lines
 
 
 def output_root() -> str:
@@ -96,11 +99,12 @@ def sweep_dir(root: str | None = None) -> str | None:
 
 def sweep_parameters() -> set[str] | None:
     """The parameters a sweep sets for this trial: the keys of the file ``wandb agent`` names in
-    ``$WANDB_SWEEP_PARAM_PATH``; None outside a sweep or when it is unreadable."""
+    ``$WANDB_SWEEP_PARAM_PATH``; None outside a sweep or when it is unreadable (not a plain file, more than
+    :data:`PARAMS_BYTES`, not YAML)."""
     path = os.environ.get("WANDB_SWEEP_PARAM_PATH")
     try:
-        params = yaml.safe_load(Path(path).read_text()) if path else None
-    except (OSError, yaml.YAMLError):
+        params = yaml.safe_load(read_plain_file(Path(path), PARAMS_BYTES)) if path else None
+    except (DataError, OSError, yaml.YAMLError, RecursionError):
         return None
     return set(params) if isinstance(params, dict) else None
 
@@ -112,7 +116,8 @@ def run_dir(root: str, name: str, sweep: str | None, overrides: Sequence[str], n
     latest earlier run of ``name`` that has a last checkpoint (:func:`latest_run`); else
     ``<root>/<name>/<start time>`` (``root``: ``paths.output_dir``), created here so that no other run
     takes it: a run started in the same second (another seed of a grid started by a script) gets
-    ``<start time>-2``."""
+    ``<start time>-2``. The ranks that ``torchrun`` or ``srun`` starts each resolve this: they agree on
+    one folder (:func:`torchrun_folder`, :func:`slurm_step`)."""
     if os.environ.get(RUN_DIR_ENV):
         return os.environ[RUN_DIR_ENV]
     if sweep:
@@ -123,9 +128,55 @@ def run_dir(root: str, name: str, sweep: str | None, overrides: Sequence[str], n
     runs = Path(root) / name
     if resume is True and (latest := latest_run(runs)):
         return str(latest)
-    if process_rank() != 0:  # ranks started by srun or torchrun: the first one reserves the folder
-        return str(runs / now)
+    if os.environ.get("TORCHELASTIC_RUN_ID") is not None:
+        return str(torchrun_folder(runs, now))
+    if (slurm := slurm_step()) is not None:
+        folder = runs / slurm
+        folder.mkdir(parents=True, exist_ok=True)  # by whichever rank comes first
+        return str(folder)
     return str(reserved_folder(runs, now))
+
+
+def torchrun_folder(runs: Path, now: str) -> Path:
+    """The folder of a run whose ranks ``torchrun`` started, agreed by all of them: the first rank
+    reserves it (:func:`reserved_folder`) and leaves its name in the store torchrun's agent serves to
+    its workers (at ``MASTER_ADDR:MASTER_PORT``), where the other ranks wait for it. Each rank's own
+    clock would name another second, and a rank that made that folder first would push the first one
+    to ``<time>-2``. A restart of the workers (``--max-restarts``) finds the name there and continues
+    the same folder from its last checkpoint."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise DataError(
+            "torchrun started this run without its agent's store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), which "
+            "its ranks need to agree on one run folder: unset it, or name the folder with hydra.run.dir=..."
+        )
+    store = TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timedelta(minutes=5)
+    )
+    if process_rank() == 0:
+        if store.check([TORCHRUN_KEY]):  # a restart: the folder its first attempt reserved
+            return Path(store.get(TORCHRUN_KEY).decode())
+        folder = reserved_folder(runs, now)
+        store.set(TORCHRUN_KEY, str(folder))
+        return folder
+    return Path(store.get(TORCHRUN_KEY).decode())  # waits for the first rank
+
+
+def slurm_step() -> str | None:
+    """``slurm-<job>.<step>`` for a process of an ``srun`` step of several tasks (each task a rank): a name
+    every rank of the step knows without talking to the others, and that a requeued job, whose run
+    continues, finds again. None outside such a step (one task: Lightning starts the ranks)."""
+    job, step = os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID")
+    try:
+        tasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    except ValueError:
+        return None
+    if not job or not step or tasks < 2 or "SLURM_PROCID" not in os.environ:
+        return None
+    return run_label([f"slurm-{job}.{step}"])
 
 
 def multirun_dir(root: str, now: str, mode: RunMode | None) -> str:
