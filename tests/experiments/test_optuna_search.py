@@ -99,3 +99,27 @@ def test_a_search_with_a_database_storage_continues_its_study_across_runs(
     assert all(trial.state == optuna.trial.TrialState.COMPLETE for trial in study.trials)
     # the second command ran its trials in a multirun folder of its own; the study holds all three
     assert len(list((tmp_path / "outputs" / "multirun").iterdir())) == 2
+
+
+@pytest.mark.parametrize(
+    ("storage", "why"),
+    [
+        ("postgresql://localhost/optuna", "Failed to import DB access module"),
+        ("sqlite:///{tmp}/file/optuna.db", "unable to open database file"),
+    ],
+)
+def test_a_study_storage_that_cannot_be_opened_is_refused_in_one_line_before_any_trial(
+    storage: str, why: str, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:  # fmt: skip
+    dev_extra("hydra_plugins.hydra_optuna_sweeper")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("a file, not a folder")
+    url = storage.format(tmp=tmp_path)
+    argv = ["-m", "hparams_search=mini_optuna", *smoke_run(corpus_root, cache_dir), f"hydra.sweeper.storage={url}"]
+    assert train_in_process(argv, monkeypatch) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"aiayn-train: error: hydra.sweeper.storage={url} cannot be opened (") and why in line
+    assert not (tmp_path / "outputs" / "multirun").exists() or not any(
+        (tmp_path / "outputs" / "multirun").rglob("*.yaml")
+    )

@@ -36,7 +36,7 @@ import torch
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,27 @@ def check_launcher(trainer: DictConfig, hydra_cfg: DictConfig) -> None:
         "cannot start the DDP ranks of a job (Lightning starts them by running aiayn-train again); use Hydra's "
         "basic launcher (no hydra/launcher override), hardware=slurm, or aiayn-sweep --parallel",
     )
+
+
+def check_study_storage(hydra_cfg: DictConfig) -> None:
+    """Open the database that ``hydra.sweeper.storage`` names for the Optuna search, once, before any
+    trial: a URL without its driver, or a file that cannot be written, is refused in one line rather than
+    as Optuna's traceback (the sweeper would open it a moment later, creating the same database)."""
+    sweeper = hydra_cfg.get("sweeper") or {}
+    url = sweeper.get("storage")
+    if "optuna" not in str(sweeper.get("_target_", "")).lower() or not url:
+        return
+    from optuna.storages import get_storage
+
+    try:
+        get_storage(url)
+    except Exception as error:  # ImportError (a driver), SQLAlchemy's and Optuna's own errors
+        raise ConfigError(
+            "hydra.sweeper.storage",
+            url,
+            f"cannot be opened ({first_line(error)}); give a database Optuna can "
+            "open, e.g. sqlite:///<a writable path>/optuna.db, or null to keep the study in memory",
+        ) from None
 
 
 def job_command(argv: list[str], hydra_cfg: DictConfig) -> list[str]:

@@ -129,11 +129,12 @@ class RunFolderLock(Callback):
             config.hydra.job.name = f"{config.hydra.job.name}_rank{process_rank()}"
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from aiayn.cli.multirun import check_launcher
+        from aiayn.cli.multirun import check_launcher, check_study_storage
 
         with stopping_errors():
             # Before any job: a launcher that cannot start DDP ranks (each job checks its own config too).
             check_launcher(config.trainer, config.hydra)
+            check_study_storage(config.hydra)
             self._hold(config, "sweep")
 
     def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
