@@ -84,12 +84,17 @@ def open_for_append(path: Path) -> IO[bytes]:
 def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None]) -> None:
     """Write ``path`` whole or not at all: into a temporary file of its own folder, flushed to the disk,
     then renamed over ``path``. ``content`` is text (UTF-8), bytes, or a function that writes into the
-    open binary file. A reader sees the old file or the new one, never a part.
+    open binary file. A reader sees the old file or the new one, never a part. A link at ``path`` is
+    refused (:class:`~aiayn.errors.DataError`).
 
     The temporary file's name holds this host and process (``.<name>.<host>.<pid>.<random>.tmp``): a
     writer removes the ones that writers of this host left when they died (a checkpoint's can be
     gigabytes), never one that a living writer is still filling."""
     path = Path(path)
+    if path.is_symlink():  # whoever made it meant the writes to go elsewhere: neither follow nor drop it
+        raise DataError(
+            f"{path}: is a link; aiayn writes only plain files of its own there: remove it or write elsewhere"
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     with temporary_file(path.parent, path.name) as tmp:
         try:
@@ -103,7 +108,7 @@ def atomic_write(path: Path, content: str | bytes | Callable[[IO[bytes]], None])
             os.unlink(tmp.name)
             raise
     try:
-        found = path.lstat()  # a link is replaced, not followed: its target's permissions are not taken
+        found = path.lstat()  # not followed: a link made since the check above is replaced, its target kept
         mode = found.st_mode & 0o7777 if stat.S_ISREG(found.st_mode) else 0o666 & ~_UMASK
     except FileNotFoundError:
         mode = 0o666 & ~_UMASK  # a new one gets an ordinary file's, not the temporary file's 0600
@@ -269,7 +274,7 @@ def refuse_links(folder: Path) -> None:
         for entry in entries:
             path = Path(entry.path)
             if entry.is_symlink():
-                if _wandb_link(path):
+                if _wandb_link(folder, path):
                     continue
                 raise DataError(
                     f"{path}: is a link; a run writes only into its own folder: move it out of {folder} "
@@ -284,19 +289,18 @@ def refuse_links(folder: Path) -> None:
                 )
 
 
-# Where W&B writes in a run folder (.wandb instead of wandb when it exists). It points ``latest-run``,
-# ``debug.log`` and ``debug-internal.log`` there at its newest run with relative links, which it replaces
-# (a rename) rather than writes through.
+# Where W&B writes in a run folder (.wandb instead of wandb when it exists), and the links it makes
+# there: ``latest-run``, ``debug.log`` and ``debug-internal.log`` point at its newest run and are replaced
+# by a rename; ``debug-core.log`` in a run's ``logs/`` points at its service's log and is made in each new
+# run's folder. None is written through.
 WANDB_FOLDERS = ("wandb", ".wandb")
+WANDB_LINKS = frozenset({"latest-run", "debug.log", "debug-internal.log", "debug-core.log"})
 
 
-def _wandb_link(path: Path) -> bool:
-    """``path`` is a link W&B made: directly in a W&B folder, pointing down into it (a chain of such links
-    stays inside; a link further down is refused by itself)."""
-    if path.parent.name not in WANDB_FOLDERS:
-        return False
-    target = Path(os.readlink(path))
-    return not target.is_absolute() and ".." not in target.parts
+def _wandb_link(folder: Path, path: Path) -> bool:
+    """``path`` is one of the links W&B makes, in a W&B folder under ``folder``."""
+    inside = path.relative_to(folder).parts[:-1]
+    return path.name in WANDB_LINKS and any(part in WANDB_FOLDERS for part in inside)
 
 
 def own_folder(path: Path) -> Path:

@@ -43,6 +43,7 @@ def run_folder(tmp_path: Path) -> Path:
         (run / name).write_text("x")
     (run / "wandb" / "latest-run").symlink_to("offline-run-1-ab")
     (run / "wandb" / "debug.log").symlink_to("offline-run-1-ab/logs/debug.log")
+    (run / "wandb" / "offline-run-1-ab" / "logs" / "debug-core.log").symlink_to("/root/.cache/wandb/logs/core.log")
     return run
 
 
@@ -75,16 +76,19 @@ def test_a_link_or_fifo_at_any_depth_is_refused_naming_it(tmp_path: Path, entry:
     assert (outside / "keep.txt").read_text() == "precious"
 
 
-def test_wandbs_own_links_pass_and_links_out_of_its_folder_do_not(tmp_path: Path) -> None:
+def test_wandbs_own_links_pass_and_other_links_in_its_folder_do_not(tmp_path: Path) -> None:
     run, outside = run_folder(tmp_path), victim(tmp_path)
     refuse_links(run)  # W&B's latest-run and debug.log
-    for name, target in (("debug-internal.log", outside / "keep.txt"), ("latest-run", Path("../../outside"))):
+    for name in ("run_id", "offline-run-1-ab/files/config.yaml", "offline-run-1-ab/logs/other.log"):
         path = run / "wandb" / name
-        path.unlink(missing_ok=True)
-        path.symlink_to(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.symlink_to(outside / "keep.txt")
         with pytest.raises(DataError, match=f"^{path}: is a link"):
             refuse_links(run)
         path.unlink()
+    (run / "csv" / "debug.log").symlink_to(outside / "keep.txt")  # W&B's name, not in its folder
+    with pytest.raises(DataError, match=r"debug\.log: is a link"):
+        refuse_links(run)
 
 
 def test_a_socket_or_a_device_link_is_refused(tmp_path: Path) -> None:
