@@ -140,6 +140,8 @@ def atomic_folder(path: Path, write: Callable[[Path], None]) -> None:
     :class:`FileExistsError`, and nothing is written into it. Temporary folders that writers of this
     host left when they died are removed."""
     path = Path(path)
+    if path.is_symlink():
+        raise DataError(f"{path}: is a link; aiayn makes a new folder of its own there: remove it or write elsewhere")
     if holds_files(path):
         raise FileExistsError(f"{path} already exists and is not empty")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,8 @@ import pytest
 
 from aiayn.errors import DataError
 from aiayn.files import (
+    atomic_folder,
+    atomic_write,
     hold_run_folder,
     open_for_append,
     own_folder,
@@ -148,3 +150,17 @@ def test_a_lock_file_that_is_a_fifo_or_a_link_reads_as_held_at_once(tmp_path: Pa
     with pytest.raises(DataError, match=r"run\.lock: is "):
         hold_run_folder(run)
     release_run_folder(run)
+
+
+def test_a_new_folder_or_file_is_not_made_where_a_link_is(tmp_path: Path) -> None:
+    outside = victim(tmp_path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "export").symlink_to(empty)  # an export's folder: it would be made in the link's place
+    with pytest.raises(DataError, match=r"export: is a link"):
+        atomic_folder(tmp_path / "export", lambda folder: (folder / "model.bin").write_bytes(b"x"))
+    (tmp_path / "report.json").symlink_to(outside / "keep.txt")
+    with pytest.raises(DataError, match=r"report\.json: is a link"):
+        atomic_write(tmp_path / "report.json", "{}")
+    assert list(empty.iterdir()) == [] and (outside / "keep.txt").read_text() == "precious"
+    assert (tmp_path / "report.json").is_symlink()
