@@ -5,6 +5,7 @@ FIFO. Each case is refused in one line naming the path, and nothing outside the 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -164,3 +165,23 @@ def test_a_new_folder_or_file_is_not_made_where_a_link_is(tmp_path: Path) -> Non
         atomic_write(tmp_path / "report.json", "{}")
     assert list(empty.iterdir()) == [] and (outside / "keep.txt").read_text() == "precious"
     assert (tmp_path / "report.json").is_symlink()
+
+
+@pytest.mark.parametrize("kind", ["link", "FIFO"])
+def test_every_path_of_a_real_run_folder_is_checked(smoke_run_dir: Path, tmp_path: Path, kind: str) -> None:
+    """A link or a FIFO put in place of each file and folder a real run left, one at a time: the folder is
+    refused naming it, and the place the link leads to is untouched."""
+    outside = victim(tmp_path)
+    entries = sorted(path.relative_to(smoke_run_dir) for path in smoke_run_dir.rglob("*") if path.name != "run.lock")
+    assert len(entries) >= 15 and Path(".hydra/config.yaml") in entries
+    for entry in entries:
+        copy = tmp_path / "copy"
+        shutil.copytree(smoke_run_dir, copy, symlinks=True, ignore=shutil.ignore_patterns("run.lock"))
+        path = copy / entry
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        link(outside)(path) if kind == "link" else fifo(path)
+        with pytest.raises(DataError) as refused:
+            hold_run_folder(copy)
+        assert str(refused.value).startswith(f"{path}: is "), entry
+        shutil.rmtree(copy)
+    assert sorted(outside.iterdir()) == [outside / "keep.txt"] and (outside / "keep.txt").read_text() == "precious"
