@@ -4,6 +4,7 @@ value checks that raise them. Plain Python: every layer may import this module, 
 Files that others may have made (a corpus, a shared folder's records) are read through
 :func:`open_plain` and :func:`read_plain_file`, lines through :func:`bounded_lines`: only plain files,
 and never more than a stated number of bytes at once; anything else is a :class:`DataError` naming it.
+A parsed record's :func:`nesting` is bounded too.
 
 The command-line tools report them in one line without a traceback (:mod:`aiayn.cli.common`):
 :class:`ConfigError`, :class:`DataError`, :class:`CheckpointError` and :class:`RunFolderBusy` exit with
@@ -163,3 +164,16 @@ def bounded_lines(stream: IO[bytes], name: str, limit: int = LINE_BYTES) -> Iter
             raise DataError(f"{name}:{number}: a line of more than {limit} bytes; a line holds one sentence")
         else:
             yield line  # the last, without a line feed
+
+
+def nesting(value: Any) -> int:
+    """How deeply ``value`` nests lists and mappings (a number or text: 0), found without recursion: a
+    parsed record nested deeper than its writer nests it is refused before Python compares, prints or
+    validates it by recursion (a RecursionError, not a message)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            pending.extend((inner, level + 1) for inner in (item.values() if isinstance(item, dict) else item))
+    return deepest

@@ -162,10 +162,10 @@ def test_invalid_utf8_in_a_file_names_its_line_after_the_lines_before_it_are_wri
 
 
 def test_a_huge_line_is_refused_by_its_size_before_it_is_tokenized(checkpoint: Path, tmp_path: Path) -> None:
-    huge = "man " * 2_500_000  # 10 MB without a line end
+    huge = "man " * 250_000  # 1 MB without a line end: under the bytes a line may have (LINE_BYTES)
     (tmp_path / "in.en").write_text(SOURCE[0] + "\n" + huge)
     message = process_error_line(translate(checkpoint, f"input={tmp_path / 'in.en'}"))
-    assert "line 2 has 7500000 characters besides spaces: far more than the 1023 tokens" in message
+    assert "line 2 has 750000 characters besides spaces: far more than the 1023 tokens" in message
 
     translator = Translator.from_checkpoint(checkpoint)
     encoded: list[int] = []  # the length of every line given to sentencepiece
@@ -176,7 +176,7 @@ def test_a_huge_line_is_refused_by_its_size_before_it_is_tokenized(checkpoint: P
         return encode(lines, threads)
 
     translator.tokenizer.encode = counted
-    with pytest.raises(ValueError, match="line 7 has 7500000 characters"):
+    with pytest.raises(ValueError, match="line 7 has 750000 characters"):
         translator.translate([SOURCE[0], huge], first_line=6)
     assert encoded == []  # not even the short line: the block is refused whole, as an over-long one is
 

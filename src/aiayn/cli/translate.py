@@ -30,7 +30,7 @@ from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, re
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.config.settings import check_settings
-from aiayn.errors import ConfigError, DataError, whole
+from aiayn.errors import ConfigError, DataError, bounded_lines, open_plain, whole
 from aiayn.files import atomic_write, same_file
 
 if TYPE_CHECKING:
@@ -64,12 +64,13 @@ def run(cfg: DictConfig) -> None:
         source, target = checked_files(cfg)
         decoding = decoding_options(cfg.decoding)
         checkpoints = required_checkpoints(cfg.checkpoint)
-        model, tokenizer, _ = load_translation_models(
-            checkpoints, cfg.backend, resolve_device(cfg.device), cfg.compute_type
-        )
-        translator = Translator(model, tokenizer, decoding, cfg.max_tokens, nbest=cfg.nbest, seed=cfg.seed)
         with ExitStack() as files:
-            stream = files.enter_context(open(source, "rb")) if source else sys.stdin.buffer
+            # Opened before the model is loaded: a FIFO or a device there is refused at once.
+            stream = files.enter_context(open_plain(source, follow_links=True)) if source else sys.stdin.buffer
+            model, tokenizer, _ = load_translation_models(
+                checkpoints, cfg.backend, resolve_device(cfg.device), cfg.compute_type
+            )
+            translator = Translator(model, tokenizer, decoding, cfg.max_tokens, nbest=cfg.nbest, seed=cfg.seed)
             lines = Utf8Lines(stream, str(source) if source else "<stdin>")
             blocks = written(translator.translate_blocks(lines, block=cfg.buffer_lines), cfg.nbest)
             if target is None:
@@ -104,14 +105,16 @@ def checked_files(cfg: DictConfig) -> tuple[Path | None, Path | None]:
 class Utf8Lines:
     """The lines of a binary stream as text, without their line ends; split at line feeds only, so that
     a stray carriage return inside a line does not split it (a file as stdin). Iteration stops at the
-    first line that is not UTF-8, and :attr:`error` names it: the lines before it are still translated."""
+    first line that is not UTF-8, and :attr:`error` names it: the lines before it are still translated.
+    A line longer than :data:`~aiayn.errors.LINE_BYTES` is a :class:`DataError` once that much of it is
+    read (:func:`~aiayn.errors.bounded_lines`)."""
 
     def __init__(self, stream: IO[bytes], name: str) -> None:
         self.stream, self.name = stream, name
         self.error: DataError | None = None
 
     def __iter__(self) -> Iterator[str]:
-        for number, raw in enumerate(self.stream, start=1):
+        for number, raw in enumerate(bounded_lines(self.stream, self.name), start=1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as err:
@@ -120,7 +123,7 @@ class Utf8Lines:
                     f"the {number - 1} line(s) before it were translated"
                 )
                 return
-            yield line.rstrip("\r\n")
+            yield line.rstrip("\r")
 
 
 def written(blocks: Iterable[list[list[Candidate]]], nbest: int) -> Iterator[str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from aiayn.errors import DataError, open_plain, read_plain_file
 from aiayn.files import atomic_write
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 BLOCK = 1 << 20  # bytes read per block
 BLOCKS = 64  # blocks hashed of a file larger than WHOLE_LIMIT
 WHOLE_LIMIT = BLOCK * BLOCKS
+MANIFEST_BYTES = 1 << 20  # a manifest names a few files: kilobytes
 NO_MANIFEST = "no manifest"  # the one reason that is not damage when the entry has no file either
 
 
@@ -35,7 +37,7 @@ def checksum(path: Path, size: int) -> str:
     """SHA-256 of the ``size`` bytes of ``path``: all of them up to :data:`WHOLE_LIMIT`, else
     :data:`BLOCKS` evenly spaced blocks."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with open_plain(path, follow_links=True) as handle:
         if size <= WHOLE_LIMIT:
             while block := handle.read(4 * BLOCK):
                 digest.update(block)
@@ -73,10 +75,11 @@ class CacheEntry:
     def damage(self) -> str | None:
         """Why the entry cannot be used (no manifest, a file missing or unlike its manifest), or None."""
         try:
-            recorded = json.loads(self.manifest.read_text())["files"]
+            recorded = json.loads(read_plain_file(self.manifest, MANIFEST_BYTES))["files"]
         except FileNotFoundError:
             return NO_MANIFEST
-        except (OSError, ValueError, KeyError, TypeError):  # unreadable, not JSON, no "files"
+        # Not a plain file, too large, not JSON (or nested deeper than Python parses), no "files".
+        except (DataError, OSError, ValueError, RecursionError, KeyError, TypeError):
             return f"{self.manifest.name} cannot be read"
         paths = (*self.files, *self.inputs)
         names = {path.name for path in paths}

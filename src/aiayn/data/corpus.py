@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.errors import ConfigError, DataError
+from aiayn.errors import ConfigError, DataError, bounded_lines, open_plain
 from aiayn.extras import require, require_installed
 from aiayn.files import atomic_write
 
@@ -48,23 +48,22 @@ def split_file(root: Path, stem: str, lang: str) -> Path:
 
 
 def read_lines(path: Path) -> list[str]:
-    """UTF-8 lines without their line ends; invalid UTF-8 is reported with file and line."""
-    opener = gzip.open if path.suffix == ".gz" else open
+    """UTF-8 lines without their line ends, read line by line (:func:`~aiayn.errors.bounded_lines`): a
+    file that is not plain, a line that is not UTF-8 or longer than :data:`~aiayn.errors.LINE_BYTES`,
+    and a truncated or corrupt ``.gz`` are reported in one line with the file (and line)."""
     try:
-        with opener(path, "rb") as handle:
-            raw = handle.read()
+        with open_plain(path, follow_links=True) as file:
+            stream = gzip.GzipFile(fileobj=file, mode="rb") if path.suffix == ".gz" else file
+            return [_decoded(line, path, number) for number, line in enumerate(bounded_lines(stream, str(path)), 1)]
     except (OSError, EOFError, zlib.error) as err:  # unreadable, or a truncated or corrupt .gz
         raise DataError(f"{path}: cannot be read ({err})") from None
-    lines = raw.split(b"\n")
-    if lines and lines[-1] == b"":
-        lines.pop()
-    text = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            text.append(line.decode("utf-8").rstrip("\r"))
-        except UnicodeDecodeError as err:
-            raise DataError(f"{path}:{number}: invalid UTF-8 ({err.reason} at byte {err.start})") from None
-    return text
+
+
+def _decoded(line: bytes, path: Path, number: int) -> str:
+    try:
+        return line.decode("utf-8").rstrip("\r")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}:{number}: invalid UTF-8 ({err.reason} at byte {err.start})") from None
 
 
 def read_parallel(src_path: Path, tgt_path: Path) -> tuple[list[str], list[str]]:
@@ -104,7 +103,7 @@ def file_digest(paths: Sequence[Path]) -> str:
     size goes in before its bytes, so that the boundaries count: ("ab", "c") is not ("a", "bc")."""
     digest = hashlib.sha256()
     for path in paths:
-        with open(path, "rb") as handle:
+        with open_plain(path, follow_links=True) as handle:
             digest.update(f"{os.fstat(handle.fileno()).st_size}\n".encode())
             while block := handle.read(1 << 22):
                 digest.update(block)

@@ -19,7 +19,7 @@ import torch
 
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
-from aiayn.errors import CheckpointError, ConfigError, show, whole
+from aiayn.errors import CheckpointError, ConfigError, open_plain, show, whole
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
@@ -249,8 +249,9 @@ def compared_system(value: Any) -> Compared | None:
 
 
 def is_checkpoint_file(path: Path) -> bool:
-    """A ``.ckpt``, or a file in a format ``torch.load`` reads; else a file of hypotheses."""
-    with path.open("rb") as handle:
+    """A ``.ckpt``, or a file in a format ``torch.load`` reads; else a file of hypotheses. Not a plain file
+    (a FIFO, a device) is a :class:`~aiayn.errors.DataError`: its first bytes could never come."""
+    with open_plain(path, follow_links=True) as handle:
         head = handle.read(4)
     return path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
 

@@ -25,12 +25,14 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from aiayn.errors import first_line
+from aiayn.errors import first_line, read_plain_file
 from aiayn.export.folder import (
     PROVENANCE_FILE,
+    TOKENIZER_BYTES,
     TOKENIZER_FILE,
     check_decoding,
     check_exportable,
+    check_plain_files,
     length_groups,
     read_provenance,
     write_companions,
@@ -200,6 +202,7 @@ class EngineModel:
     ) -> None:
         ctranslate2 = import_ctranslate2()
         self.folder, self.compute_type = Path(folder), compute_type
+        check_plain_files(self.folder)
         self.provenance = read_provenance(self.folder)
         try:
             self.cfg = TransformerConfig(**self.provenance["model"])
@@ -208,8 +211,8 @@ class EngineModel:
                 f"{self.folder}: its {PROVENANCE_FILE} has a model section aiayn cannot read ({error})"
             ) from None
         try:
-            self.tokenizer = Tokenizer(self.folder / TOKENIZER_FILE)
-        except (OSError, RuntimeError) as error:  # missing, or not a sentencepiece model
+            self.tokenizer = Tokenizer.from_bytes(read_plain_file(self.folder / TOKENIZER_FILE, TOKENIZER_BYTES))
+        except (OSError, RuntimeError) as error:  # missing, not a plain file, or not a sentencepiece model
             raise ValueError(f"{self.folder}: its {TOKENIZER_FILE} cannot be read ({first_line(error)})") from None
         self.pieces = vocabulary(self.tokenizer)
         if self.cfg.vocab_size != len(self.pieces) or self.pieces[EOS_ID] != EOS:

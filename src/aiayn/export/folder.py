@@ -4,18 +4,22 @@ and how a folder is written: whole or not at all, never over another one."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Iterator
 from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, FieldError, whole
+from aiayn.errors import ConfigError, DataError, FieldError, first_line, nesting, read_plain_file, whole
 from aiayn.files import atomic_folder, holds_files
 from aiayn.model import DecodingOptions, TransformerConfig
 
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
+PROVENANCE_BYTES = 1 << 20  # what aiayn-export writes there is kilobytes ...
+PROVENANCE_DEPTH = 32  # ... of a run's config, a few levels deep
 TOKENIZER_FILE = "sentencepiece.model"  # our joint BPE model, as aiayn.data.tokenizer reads it
+TOKENIZER_BYTES = 64 << 20  # a sentencepiece model of a 250k-piece vocabulary is a few megabytes
 FORMATS = ("hf", "ctranslate2")
 
 
@@ -80,19 +84,34 @@ def write_companions(folder: Path, tokenizer: Tokenizer, provenance: dict[str, A
 
 
 def read_provenance(folder: Path) -> dict[str, Any]:
-    """The :data:`PROVENANCE_FILE` of an exported folder (plain JSON: reading it runs nothing)."""
+    """The :data:`PROVENANCE_FILE` of an exported folder (plain JSON: reading it runs nothing), read as
+    untrusted: a plain file of at most :data:`PROVENANCE_BYTES`, or a ``ValueError`` in one line."""
     path = folder / PROVENANCE_FILE
     try:
-        provenance = json.loads(path.read_text(encoding="utf-8"))
+        provenance = json.loads(read_plain_file(path, PROVENANCE_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise ValueError(
             f"{folder} has no {PROVENANCE_FILE}: it is not a model folder written by aiayn-export"
         ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not JSON ({error}); export the model again") from None
+    except DataError as error:
+        raise ValueError(f"{error}; export the model again") from None
+    except (ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested deeper than Python parses
+        raise ValueError(f"{path} is not JSON ({first_line(error)}); export the model again") from None
     if not isinstance(provenance, dict) or not isinstance(provenance.get("model"), dict):
         raise ValueError(f"{path} has no model section; export the model again")
+    if nesting(provenance) > PROVENANCE_DEPTH:
+        raise ValueError(f"{path} is nested deeper than {PROVENANCE_DEPTH} levels; export the model again")
     return provenance
+
+
+def check_plain_files(folder: Path) -> None:
+    """A ``ValueError`` naming the first entry of the exported ``folder`` that is a link, a FIFO, a device
+    or a socket: an engine reads the folder's files itself, and would follow a link anywhere or wait on
+    a FIFO forever."""
+    for entry in sorted(os.scandir(folder), key=lambda entry: entry.name):
+        if entry.is_symlink() or not (entry.is_file(follow_symlinks=False) or entry.is_dir(follow_symlinks=False)):
+            what = "a link" if entry.is_symlink() else "not a plain file"
+            raise ValueError(f"{entry.path}: is {what}; an exported folder holds only plain files: export it again")
 
 
 def write_folder(output: Path, write: Callable[[Path], None]) -> None:

@@ -6,21 +6,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import reprlib
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
 
-from aiayn.errors import DataError, whole
+from aiayn.errors import DataError, read_plain_file, whole
 
-# A run's records are kilobytes, a sweep's state grows with its trials, test translations with the test
-# split: larger files are not a run's, and are not read into memory.
-RECORD_BYTES, SWEEP_BYTES, HYPOTHESES_BYTES = 1 << 20, 64 << 20, 256 << 20
+# A run's records are kilobytes, test translations grow with the test split (a sweep's state with its
+# trials: :data:`~aiayn.experiments.sweeps.state.STATE_BYTES`): larger files are not a run's, and are not
+# read into memory.
+RECORD_BYTES, HYPOTHESES_BYTES = 1 << 20, 256 << 20
 # A name in a record (a language, a precision, a positional encoding, a cache entry): no space, no
 # separator a path or a markdown table would read, no control character.
 NAME = re.compile(r"[\w.+-]{1,200}")
@@ -46,31 +45,15 @@ def malformed(path: Path, key: str, value: Any, allowed: str) -> DataError:
 
 
 def plain_file(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, a plain file of at most ``limit`` bytes: a link (it may lead anywhere), a
-    pipe or device (reading may never end) and a larger file are refused with :class:`DataError`, and so is
-    a file in a linked folder (``.hydra`` a link to another folder)."""
+    """The bytes of ``path``, a plain file of at most ``limit`` bytes (:func:`~aiayn.errors.read_plain_file`):
+    a link (it may lead anywhere), a pipe or device (reading may never end), a larger file and a file in a
+    linked folder (``.hydra`` a link to another folder) are refused with :class:`DataError`."""
     if path.parent.is_symlink():
         raise DataError(f"{path}: {path.parent} is a link; a run's files are read only in its own folder")
     try:
-        handle = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as error:
-        why = "is a link; a run's files are read only as plain files" if path.is_symlink() else error.strerror
-        raise DataError(f"{path}: {why}") from None
-    try:
-        status = os.fstat(handle)
-        if not stat.S_ISREG(status.st_mode):
-            raise DataError(f"{path}: is not a plain file")
-        if status.st_size > limit:
-            raise DataError(f"{path}: {status.st_size} bytes, more than the {limit} bytes such a file has")
-        with os.fdopen(handle, "rb", closefd=False) as file:
-            content = file.read(limit + 1)
-        if len(content) > limit:
-            raise DataError(f"{path}: more than the {limit} bytes such a file has")
-        return content
+        return read_plain_file(path, limit)
     except OSError as error:
         raise DataError(f"{path}: cannot be read ({error.strerror})") from None
-    finally:
-        os.close(handle)
 
 
 class _PlainYaml(yaml.SafeLoader):

@@ -16,7 +16,6 @@ from aiayn.config.naming import defining_overrides
 from aiayn.errors import DataError, whole
 from aiayn.experiments.report.records import (
     MISSING,
-    SWEEP_BYTES,
     brief,
     field_of,
     is_name,
@@ -28,7 +27,7 @@ from aiayn.experiments.report.records import (
     read_record,
     whole_in,
 )
-from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_FILE, SweepError, read_trials
+from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
 
@@ -315,7 +314,7 @@ def failed_trials(sweeps: Mapping[Path, bool], finished: set[Path], skipped: lis
     failed = {}
     for state, named in sweeps.items():
         try:
-            trials = read_trials(read_record(state, SWEEP_BYTES), state)
+            trials = read_trials(read_record(state, STATE_BYTES), state)
         except (DataError, SweepError) as error:
             if named:
                 raise DataError(str(error)) from None

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import output_root
-from aiayn.experiments.sweeps.state import FAILED, FINISHED, INTERRUPTED, SweepError, Trial
+from aiayn.errors import DataError, first_line, nesting, read_plain_file
+from aiayn.experiments.sweeps.state import DEEPEST, FAILED, FINISHED, INTERRUPTED, SweepError, Trial
 from aiayn.extras import require
 from aiayn.training.metrics import EVALUATION_METRICS
 
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 ARGS_MACRO = "${args_no_hyphens}"  # W&B's macro for the parameters as key=value: Hydra's override syntax
 METRICS = tuple(f"{stage}/{name}" for stage in ("val", "test") for name in EVALUATION_METRICS)
+SWEEP_FILE_BYTES = 1 << 20  # a sweep file is a page of YAML
 
 
 def load_sweep(path: Path) -> dict[str, Any]:
@@ -34,14 +36,18 @@ def load_sweep(path: Path) -> dict[str, Any]:
 
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as error:
-        problem = getattr(error, "problem", None) or str(error)  # YAML: what is wrong, and where
+        config = yaml.safe_load(read_plain_file(path, SWEEP_FILE_BYTES, follow_links=True))
+    except DataError as error:  # not a plain file, or larger than a sweep file
+        raise SweepError(str(error)) from None
+    except (OSError, yaml.YAMLError, RecursionError) as error:  # RecursionError: nested too deeply
+        problem = getattr(error, "problem", None) or first_line(error)  # YAML: what is wrong, and where
         where = getattr(error, "problem_mark", None)
         at = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
         raise SweepError(f"{path}: cannot read the sweep file: {problem}{at}") from None
     if not isinstance(config, dict):
         raise SweepError(f"{path}: a sweep file is a YAML mapping with method, parameters and command")
+    if nesting(config) > DEEPEST:
+        raise SweepError(f"{path}: nested deeper than {DEEPEST} levels; a sweep file's parameters nest a few")
     try:  # run_cap is the server's key (its total of trials), not in the engine's schema
         engine.SweepConfig({key: value for key, value in config.items() if key != "run_cap"})
     except (ValidationError, ValueError) as error:

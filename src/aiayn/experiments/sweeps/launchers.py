@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
+from aiayn.errors import DataError, read_plain_file
 from aiayn.experiments.sweeps.state import JOB_ID, SLURM, SUBMITIT_FOLDER, SUBMITIT_LOCAL
 from aiayn.files import atomic_write, open_for_append
 
@@ -48,6 +49,7 @@ GENERIC_SETTINGS = (
 )
 NOT_EXECUTOR_SETTINGS = ("_target_", "submitit_folder", "name", "max_num_timeout", "array_parallelism")
 NO_EXIT_STATUS = -1  # a job that ended without writing one: cancelled, killed, or it never started
+EXIT_FILE_BYTES = 1 << 16  # a job writes {"returncode": <status>} there
 # A trial that saved last.ckpt at a signal and stopped (aiayn-train exits with 128 + the signal's number).
 STOPPED_STATUSES = tuple(128 + signum for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2))
 # SLURM's states of a job that has not ended or is about to run again (submitit's watcher reads them from
@@ -176,10 +178,11 @@ def job_rank() -> int:
 
 
 def read_exit_file(path: Path) -> int | None:
-    """The exit status a job wrote, or None (none written, or not a number: never trusted further)."""
+    """The exit status a job wrote, or None (none written, or not a number: never trusted further; nor a
+    file that is not plain, larger than :data:`EXIT_FILE_BYTES` or nested too deeply to parse)."""
     try:
-        status = json.loads(path.read_text()).get("returncode")
-    except (OSError, ValueError, AttributeError):
+        status = json.loads(read_plain_file(path, EXIT_FILE_BYTES)).get("returncode")
+    except (DataError, OSError, ValueError, RecursionError, AttributeError):
         return None
     return status if isinstance(status, int) and not isinstance(status, bool) else None
 

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import is_number, show, whole
+from aiayn.errors import DataError, first_line, is_number, nesting, read_plain_file, show, whole
 from aiayn.files import atomic_write
 
 STATE_FILE = "sweep.json"
@@ -27,6 +27,10 @@ LAUNCHERS = (LOCAL, SLURM, SUBMITIT_LOCAL)
 SUBMITTED = (SLURM, SUBMITIT_LOCAL)
 SUBMITIT_FOLDER = ".submitit"  # in the sweep's folder: submitit's job files, one folder per job id
 JOB_ID = re.compile(r"\d+(_\d+)?")  # a SLURM job id (array jobs: <id>_<index>), or a local controller's pid
+STATE_BYTES = 64 << 20  # sweep.json grows with its trials: a few kilobytes each
+# The deepest a sweep file's config nests (nested parameters take a few levels); sweep.json holds it one
+# level down (aiayn.errors.nesting).
+DEEPEST = 32
 
 
 class SweepError(ValueError):
@@ -73,12 +77,16 @@ class SweepState:
     @classmethod
     def open(cls, folder: Path, config: dict[str, Any], source: Path) -> SweepState:
         path = folder / STATE_FILE
-        if not path.exists():
-            return cls(folder, config, [])
         try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError) as error:
-            raise SweepError(f"{path}: unreadable sweep state ({error}); move it away to start afresh") from None
+            saved = json.loads(read_plain_file(path, STATE_BYTES).decode("utf-8"))
+        except FileNotFoundError:
+            return cls(folder, config, [])
+        except DataError as error:  # not a plain file, or larger than a sweep's record
+            raise SweepError(f"{error}; move it away to start afresh") from None
+        except (OSError, ValueError, RecursionError) as error:  # not UTF-8, not JSON, nested too deeply to parse
+            raise SweepError(
+                f"{path}: unreadable sweep state ({first_line(error)}); move it away to start afresh"
+            ) from None
         trials = read_trials(saved, path)
         if trials and saved.get("config") != json.loads(json.dumps(config)):
             raise SweepError(
@@ -105,10 +113,12 @@ def read_trials(saved: Any, path: Path) -> list[Trial]:
     """The trials of ``saved``, the parsed content of the ``sweep.json`` at ``path``, each record checked
     (:func:`check_trial_record`): :class:`SweepError` in one line naming the file and the field when one
     is not as aiayn-sweep writes it."""
+    if nesting(saved) > DEEPEST + 1:
+        raise SweepError(f"{path}: nested deeper than {DEEPEST + 1} levels; it is not as aiayn-sweep writes it")
     try:
         trials = [Trial(**trial) for trial in saved["trials"]]
     except (KeyError, TypeError) as error:
-        raise SweepError(f"{path}: unreadable sweep state ({error}); move it away to start afresh") from None
+        raise SweepError(f"{path}: unreadable sweep state ({error!s:.200}); move it away to start afresh") from None
     for trial in trials:
         check_trial_record(path, trial)
     return trials
@@ -117,6 +127,8 @@ def read_trials(saved: Any, path: Path) -> list[Trial]:
 def check_trial_record(path: Path, trial: Trial) -> None:
     """A trial as ``sweep.json`` records it is untrusted: its run folder must lie inside the sweep's folder
     (a runner would write there and hand it to the trial), its job id be a job id, its devices names."""
+    if not whole(trial.number, 0):  # first: the messages below name the trial by it
+        raise SweepError(f"{path}: a trial's number {show(trial.number):.40} is not a whole number")
     run_dir = trial.run_dir
     if run_dir is not None and (
         not isinstance(run_dir, str)
@@ -126,17 +138,15 @@ def check_trial_record(path: Path, trial: Trial) -> None:
         or "\x00" in run_dir  # no path holds one
         or len(Path(run_dir).parts) != 1  # one folder of the sweep's own: not ".", not nested
         or run_dir in (STATE_FILE, "logs", SUBMITIT_FOLDER)  # nor one of the runner's
-        or not (path.parent / run_dir).resolve().is_relative_to(path.parent.resolve())  # a link on the way
+        or not _inside(path.parent, run_dir)  # a link on the way
     ):
-        raise SweepError(f"{path}: trial {trial.number}'s run_dir {run_dir!r} is not a folder inside the sweep's")
+        raise SweepError(f"{path}: trial {trial.number}'s run_dir {run_dir!r:.60} is not a folder inside the sweep's")
     if trial.job_id is not None and not (isinstance(trial.job_id, str) and JOB_ID.fullmatch(trial.job_id)):
-        raise SweepError(f"{path}: trial {trial.number}'s job_id {trial.job_id!r} is not a job id")
+        raise SweepError(f"{path}: trial {trial.number}'s job_id {trial.job_id!r:.60} is not a job id")
     if trial.devices is not None and not (
         isinstance(trial.devices, list) and all(isinstance(d, str) for d in trial.devices)
     ):
-        raise SweepError(f"{path}: trial {trial.number}'s devices {trial.devices!r} are not device names")
-    if not whole(trial.number, 0):
-        raise SweepError(f"{path}: a trial's number {show(trial.number):.40} is not a whole number")
+        raise SweepError(f"{path}: trial {trial.number}'s devices {trial.devices!r:.60} are not device names")
     # Every other field is read back (printed, compared, passed to the sweep engine): the types aiayn writes.
     kinds: dict[str, Callable[[Any], bool]] = {
         "params": lambda v: isinstance(v, dict) and all(isinstance(k, str) and _scalar(x) for k, x in v.items()),
@@ -163,7 +173,7 @@ def check_trial_params(path: Path, trial: Trial, config: dict[str, Any]) -> None
     trial's command when it runs again, and an override can name any setting (a ``_target_`` to build)."""
     specs = config.get("parameters") if isinstance(config.get("parameters"), dict) else {}
     if set(trial.params) != set(specs):
-        odd = sorted(set(trial.params) ^ set(specs))[0]
+        odd = sorted(set(trial.params) ^ set(specs), key=str)[0]  # a sweep file's YAML may have number keys
         raise SweepError(
             f"{path}: trial {trial.number}'s params name {odd!r:.60}, not the sweep file's parameters; "
             "move the file away to start the sweep afresh"
@@ -181,6 +191,14 @@ def check_trial_params(path: Path, trial: Trial, config: dict[str, Any]) -> None
                 f"{path}: trial {trial.number}'s params.{name}={show(value):.60} is not a value the sweep file gives "
                 "it; move the file away to start the sweep afresh"
             )
+
+
+def _inside(folder: Path, name: str) -> bool:
+    """``folder / name`` lies in ``folder`` once links are followed; a loop of links does not."""
+    try:
+        return (folder / name).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError):  # RuntimeError: the loop, as Path.resolve reports it
+        return False
 
 
 def _same_value(a: Any, b: Any) -> bool:
