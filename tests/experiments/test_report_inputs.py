@@ -486,13 +486,9 @@ def test_nothing_is_written_outside_the_output_folder(
     status, _, _ = report([sweep, "--out", tmp_path / "out"], capsys)
     assert status == 0 and tree(sweep) == inputs  # the input folders are read, not written
     assert sorted(tree(tmp_path / "out")) == ["bleu_ppl_vs_positional.png", "report.md"]
-    status, _, _ = report([sweep], capsys)  # no --out: into the folder named first, links replaced, not followed
-    assert status == 0 and tree(sentinel) == {
-        "bleu_ppl_vs_positional.png": (False, b"mine"),
-        "report.md": (False, b"mine"),
-    }
-    written = tree(sweep)
-    assert not written["report.md"][0] and written["report.md"][1].startswith(b"# Report")
-    assert not written["bleu_ppl_vs_positional.png"][0] and written["bleu_ppl_vs_positional.png"][1][:4] == b"\x89PNG"
-    assert set(written) - set(inputs) == set()
+    status, _, err = report([sweep], capsys)  # no --out: into the folder named first, whose links are refused
+    assert status == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"aiayn-report: error: {sweep}/") and ": is a link; aiayn writes only plain files" in err
+    assert tree(sentinel) == {"bleu_ppl_vs_positional.png": (False, b"mine"), "report.md": (False, b"mine")}
+    assert tree(sweep) == inputs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sentinel", "sweep"]

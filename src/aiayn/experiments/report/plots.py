@@ -51,8 +51,8 @@ def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str, list[Set
 
 def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
     """``bleu_ppl_vs_<axis>.png`` for every axis the settings vary along: validation BLEU and perplexity,
-    mean with the standard deviation over seeds as error bars. Written atomically: a link of that name
-    in a shared folder is replaced, not followed."""
+    mean with the standard deviation over seeds as error bars. Written atomically; a link of that name
+    in a shared folder is refused, neither followed nor replaced (:func:`~aiayn.files.atomic_write`)."""
     matplotlib = require("matplotlib", "report", "matplotlib (aiayn-report's plots)")
     matplotlib.use("Agg")  # files only: no display on a cluster or in CI
     import matplotlib.pyplot as plt
