@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import glob
 import os
 import shutil
@@ -44,25 +45,82 @@ os.umask(_UMASK)
 _held: dict[Path, int] = {}  # folder (resolved) → open descriptor of its lock file, for this process
 
 
-class NotPlainFile(Exception):
-    """A file of the run folder that is not a plain file aiayn could have written; says what it is."""
+# A line of a corpus or of a text to translate holds one sentence (or a document's segment): kilobytes.
+LINE_BYTES = 1 << 20
 
 
-def open_plain_file(path: Path) -> IO[bytes]:
-    """``path`` open for reading when it is a plain file (FileNotFoundError when there is nothing there),
-    else :class:`NotPlainFile`: a link is not followed, and a FIFO or a device is not read (it could block
-    or never end)."""
+class NotPlainFile(DataError):
+    """A file that is not a plain file aiayn could read; ``why`` says what it is instead (``is a link``,
+    ``is a FIFO``, ...), for messages of the callers' own."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.why = why
+        super().__init__(f"{path}: {why}" + (", not a plain file" if why.startswith("is ") else ""))
+
+
+def open_plain(path: Path, *, follow_links: bool = False) -> IO[bytes]:
+    """``path`` open for reading when it is a plain file, else a :class:`NotPlainFile` naming it: a FIFO,
+    a device or a socket (reading one could block, or never end), and a link unless ``follow_links`` (a
+    link in a folder aiayn writes is never aiayn's, and may lead anywhere; a file the user names, such
+    as a corpus, may be a link to a plain file). Nothing there is a :class:`FileNotFoundError`."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(errno.ENOENT, "no such file", str(path)) from None
+        fd = os.open(path, flags)  # O_NONBLOCK: opening a FIFO that nobody writes would wait forever
     except OSError as error:
-        why = "is a link" if error.errno == errno.ELOOP else f"cannot be read ({error.strerror})"
-        raise NotPlainFile(why) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        if error.errno in (errno.ENOENT, errno.ENOTDIR):
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path)) from None
+        if error.errno == errno.ELOOP and not follow_links:
+            raise NotPlainFile(path, "is a link") from None
+        raise NotPlainFile(path, f"cannot be read ({error.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise NotPlainFile("is not a plain file")
+        raise NotPlainFile(path, f"is {_kind(mode)}")
+    os.set_blocking(fd, True)  # a plain file: some network file systems would answer EAGAIN otherwise
     return os.fdopen(fd, "rb")
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a folder" if stat.S_ISDIR(mode) else "something else"
+
+
+def read_plain_file(path: Path, limit: int, *, follow_links: bool = False) -> bytes:
+    """The bytes of the plain file ``path`` (:func:`open_plain`), when it has at most ``limit`` of them; a
+    larger file is a :class:`DataError` naming it, found having read ``limit`` + 1 bytes at most."""
+    with open_plain(path, follow_links=follow_links) as file:
+        size = os.fstat(file.fileno()).st_size
+        if size > limit:
+            raise _too_large(path, limit)
+        content = file.read(size + 1)  # sized by the file, not the limit: a read's buffer is as large as asked
+        if len(content) > size:  # grown since, or of a size the system does not know (/proc): read on
+            content += file.read(limit + 1 - len(content))
+    if len(content) > limit:
+        raise _too_large(path, limit)
+    return content
+
+
+def _too_large(path: Path, limit: int) -> DataError:
+    return DataError(f"{path}: more than the {limit} bytes such a file has")
+
+
+def bounded_lines(stream: IO[bytes], name: str, limit: int = LINE_BYTES) -> Iterator[bytes]:
+    """The lines of ``stream`` without their line feeds, each read only while it has at most ``limit``
+    bytes: a longer one is a :class:`DataError` (``<name>:<line>``) once ``limit`` + 1 of its bytes are
+    read, so that a runaway line (a file of no line feeds, inflated from a small ``.gz``) never fills
+    the memory."""
+    for number, line in enumerate(iter(functools.partial(stream.readline, limit + 1), b""), start=1):
+        if line.endswith(b"\n"):
+            yield line[:-1]
+        elif len(line) > limit:
+            raise DataError(f"{name}:{number}: a line of more than {limit} bytes; a line holds one sentence")
+        else:
+            yield line  # the last, without a line feed
 
 
 def open_for_append(path: Path) -> IO[bytes]:

@@ -24,12 +24,13 @@ from aiayn.cli import translate as translate_cli
 from aiayn.config.naming import sweep_parameters
 from aiayn.data.cache import CacheEntry
 from aiayn.data.corpus import file_digest, read_lines
-from aiayn.errors import LINE_BYTES, DataError, bounded_lines, read_plain_file
+from aiayn.errors import DataError
 from aiayn.evaluation.evaluate import is_checkpoint_file
 from aiayn.experiments.sweeps.file import load_sweep
 from aiayn.experiments.sweeps.launchers import read_exit_file
 from aiayn.experiments.sweeps.state import STATE_FILE, SweepError, SweepState
 from aiayn.export.folder import PROVENANCE_BYTES, PROVENANCE_FILE, check_plain_files, read_provenance
+from aiayn.files import LINE_BYTES, bounded_lines, read_plain_file
 from helpers.runs import exit_status
 
 SECONDS = 10  # a refusal takes milliseconds; a read of a FIFO would wait forever, one of /dev/zero never end

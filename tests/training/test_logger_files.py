@@ -89,7 +89,7 @@ def test_a_metrics_file_that_is_a_link_or_no_plain_file_is_neither_read_nor_writ
     path = run_dir / METRICS_CSV
     path.parent.mkdir(parents=True)
     {"link": lambda: path.symlink_to(outside), "fifo": lambda: os.mkfifo(path), "folder": path.mkdir}[kind]()
-    what = "is a link" if kind == "link" else "is not a plain file"
+    what = {"link": "is a link", "fifo": "is a FIFO", "folder": "is a folder"}[kind]
     with pytest.raises(DataError) as refused:
         drop_metrics_from(path, 6)  # a FIFO opened plainly would block here
     assert str(refused.value) == f"{path}: {what}; {FIX}"

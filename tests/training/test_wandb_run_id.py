@@ -158,12 +158,12 @@ def test_a_run_id_file_that_is_a_link_or_no_plain_file_is_never_followed(
     assert bound_run_id(folder) == (run_id, None)
     path.unlink()
     os.mkfifo(path)  # would block a reader that opened it plainly
-    assert bound_run_id(folder) == (None, "is not a plain file")
+    assert bound_run_id(folder) == (None, "is a FIFO")
     bind_run_id(folder, run_id)
     assert bound_run_id(folder) == (run_id, None)
     path.unlink()
     path.mkdir()
-    assert bound_run_id(folder) == (None, "is not a plain file")
+    assert bound_run_id(folder) == (None, "is a folder")
     with pytest.raises(DataError) as refused:
         bind_run_id(folder, run_id)
     assert str(refused.value) == (

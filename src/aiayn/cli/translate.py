@@ -30,8 +30,8 @@ from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, re
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
 from aiayn.config.settings import check_settings
-from aiayn.errors import ConfigError, DataError, bounded_lines, open_plain, whole
-from aiayn.files import atomic_write, same_file
+from aiayn.errors import ConfigError, DataError, whole
+from aiayn.files import atomic_write, bounded_lines, open_plain, same_file
 
 if TYPE_CHECKING:
     from aiayn.evaluation.translator import Candidate
@@ -106,8 +106,8 @@ class Utf8Lines:
     """The lines of a binary stream as text, without their line ends; split at line feeds only, so that
     a stray carriage return inside a line does not split it (a file as stdin). Iteration stops at the
     first line that is not UTF-8, and :attr:`error` names it: the lines before it are still translated.
-    A line longer than :data:`~aiayn.errors.LINE_BYTES` is a :class:`DataError` once that much of it is
-    read (:func:`~aiayn.errors.bounded_lines`)."""
+    A line longer than :data:`~aiayn.files.LINE_BYTES` is a :class:`DataError` once that much of it is
+    read (:func:`~aiayn.files.bounded_lines`)."""
 
     def __init__(self, stream: IO[bytes], name: str) -> None:
         self.stream, self.name = stream, name

@@ -18,8 +18,8 @@ from typing import Any
 import yaml
 from hydra.types import RunMode
 
-from aiayn.errors import DataError, read_plain_file
-from aiayn.files import hold_run_folder, run_folder_holder
+from aiayn.errors import DataError
+from aiayn.files import hold_run_folder, read_plain_file, run_folder_holder
 from aiayn.machine import process_rank
 
 SWEEP_DIR_ENV = "AIAYN_SWEEP_DIR"  # set by aiayn-sweep for its trials: the sweep's folder ...

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import DataError, open_plain, read_plain_file
-from aiayn.files import atomic_write
+from aiayn.errors import DataError
+from aiayn.files import atomic_write, open_plain, read_plain_file
 
 log = logging.getLogger(__name__)
 

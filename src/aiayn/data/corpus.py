@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.errors import ConfigError, DataError, bounded_lines, open_plain
+from aiayn.errors import ConfigError, DataError
 from aiayn.extras import require, require_installed
-from aiayn.files import atomic_write
+from aiayn.files import atomic_write, bounded_lines, open_plain
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{stem}.{lang}.gz"
 MULTI30K_SPLITS = {"train": "train", "val": "val", "test": "test_2016_flickr"}
@@ -48,8 +48,8 @@ def split_file(root: Path, stem: str, lang: str) -> Path:
 
 
 def read_lines(path: Path) -> list[str]:
-    """UTF-8 lines without their line ends, read line by line (:func:`~aiayn.errors.bounded_lines`): a
-    file that is not plain, a line that is not UTF-8 or longer than :data:`~aiayn.errors.LINE_BYTES`,
+    """UTF-8 lines without their line ends, read line by line (:func:`~aiayn.files.bounded_lines`): a
+    file that is not plain, a line that is not UTF-8 or longer than :data:`~aiayn.files.LINE_BYTES`,
     and a truncated or corrupt ``.gz`` are reported in one line with the file (and line)."""
     try:
         with open_plain(path, follow_links=True) as file:

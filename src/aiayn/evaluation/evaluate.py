@@ -19,10 +19,10 @@ import torch
 
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
-from aiayn.errors import CheckpointError, ConfigError, open_plain, show, whole
+from aiayn.errors import CheckpointError, ConfigError, show, whole
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
-from aiayn.files import atomic_write
+from aiayn.files import atomic_write, open_plain
 from aiayn.model import DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from aiayn.errors import first_line, read_plain_file
+from aiayn.errors import first_line
 from aiayn.export.folder import (
     PROVENANCE_FILE,
     TOKENIZER_BYTES,
@@ -38,6 +38,7 @@ from aiayn.export.folder import (
     write_companions,
 )
 from aiayn.extras import require
+from aiayn.files import read_plain_file
 from aiayn.machine import available_cpus
 from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerConfig, length_penalty
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, DataError, FieldError, first_line, nesting, read_plain_file, whole
-from aiayn.files import atomic_folder, holds_files
+from aiayn.errors import ConfigError, DataError, FieldError, first_line, nesting, whole
+from aiayn.files import atomic_folder, holds_files, read_plain_file
 from aiayn.model import DecodingOptions, TransformerConfig
 
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO
 
 from aiayn.errors import DataError
-from aiayn.files import NotPlainFile, atomic_write, open_plain_file
+from aiayn.files import NotPlainFile, atomic_write, open_plain
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ def metric_rows(path: Path) -> Iterator[dict[str, str]]:
     left out. Nothing when there is no file; a :class:`DataError` naming the file when it is not a
     metrics CSV (a link, no ``step`` column)."""
     try:
-        with open_plain_file(path) as file:
+        with open_plain(path) as file:
             lines = _lines(file)
             header = _metrics_header(path, next(lines, b""))
             for line in lines:
@@ -36,20 +36,20 @@ def metric_rows(path: Path) -> Iterator[dict[str, str]]:
                     yield dict(zip(header, fields, strict=True))
     except FileNotFoundError:
         return
-    except NotPlainFile as why:
-        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+    except NotPlainFile as error:
+        raise DataError(f"{path}: {error.why}; {_METRICS_FIX}") from None
 
 
 def metric_columns(path: Path) -> list[str]:
     """The columns of the metrics CSV ``path``: none when there is no file or it is empty; a
     :class:`DataError` naming the file when it is not a metrics CSV."""
     try:
-        with open_plain_file(path) as file:
+        with open_plain(path) as file:
             return _metrics_header(path, next(_lines(file), b""))
     except FileNotFoundError:
         return []
-    except NotPlainFile as why:
-        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+    except NotPlainFile as error:
+        raise DataError(f"{path}: {error.why}; {_METRICS_FIX}") from None
 
 
 def drop_metrics_from(path: Path, step: int) -> int:
@@ -60,11 +60,11 @@ def drop_metrics_from(path: Path, step: int) -> int:
     rows of the file (cut short by a kill, damaged, not UTF-8 CSV) go too, with a warning unless the last
     was only cut short. Returns how many lines went. A file that is no metrics CSV is a :class:`DataError`."""
     try:
-        source = open_plain_file(path)
+        source = open_plain(path)
     except FileNotFoundError:
         return 0
-    except NotPlainFile as why:
-        raise DataError(f"{path}: {why}; {_METRICS_FIX}") from None
+    except NotPlainFile as error:
+        raise DataError(f"{path}: {error.why}; {_METRICS_FIX}") from None
     dropped = damaged = 0
 
     def write(out: IO[bytes]) -> None:

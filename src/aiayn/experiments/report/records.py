@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from aiayn.errors import DataError, read_plain_file, whole
+from aiayn.errors import DataError, whole
+from aiayn.files import read_plain_file
 
 # A run's records are kilobytes, test translations grow with the test split (a sweep's state with its
 # trials: :data:`~aiayn.experiments.sweeps.state.STATE_BYTES`): larger files are not a run's, and are not
@@ -45,7 +46,7 @@ def malformed(path: Path, key: str, value: Any, allowed: str) -> DataError:
 
 
 def plain_file(path: Path, limit: int) -> bytes:
-    """The bytes of ``path``, a plain file of at most ``limit`` bytes (:func:`~aiayn.errors.read_plain_file`):
+    """The bytes of ``path``, a plain file of at most ``limit`` bytes (:func:`~aiayn.files.read_plain_file`):
     a link (it may lead anywhere), a pipe or device (reading may never end), a larger file and a file in a
     linked folder (``.hydra`` a link to another folder) are refused with :class:`DataError`."""
     if path.parent.is_symlink():

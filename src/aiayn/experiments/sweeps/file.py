@@ -15,9 +15,10 @@ from typing import Any
 import yaml
 
 from aiayn.config.naming import output_root
-from aiayn.errors import DataError, first_line, nesting, read_plain_file
+from aiayn.errors import DataError, first_line, nesting
 from aiayn.experiments.sweeps.state import DEEPEST, FAILED, FINISHED, INTERRUPTED, SweepError, Trial
 from aiayn.extras import require
+from aiayn.files import read_plain_file
 from aiayn.training.metrics import EVALUATION_METRICS
 
 log = logging.getLogger(__name__)

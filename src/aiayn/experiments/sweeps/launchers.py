@@ -30,9 +30,9 @@ from typing import Any, Protocol
 
 from omegaconf import DictConfig, OmegaConf
 
-from aiayn.errors import DataError, read_plain_file
+from aiayn.errors import DataError
 from aiayn.experiments.sweeps.state import JOB_ID, SLURM, SUBMITIT_FOLDER, SUBMITIT_LOCAL
-from aiayn.files import atomic_write, open_for_append
+from aiayn.files import atomic_write, open_for_append, read_plain_file
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import DataError, first_line, is_number, nesting, read_plain_file, show, whole
-from aiayn.files import atomic_write
+from aiayn.errors import DataError, first_line, is_number, nesting, show, whole
+from aiayn.files import atomic_write, read_plain_file
 
 STATE_FILE = "sweep.json"
 FINISHED, FAILED, RUNNING, INTERRUPTED = "finished", "failed", "running", "interrupted"

@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from aiayn.errors import ConfigError, DataError
-from aiayn.files import NotPlainFile, atomic_write, open_plain_file
+from aiayn.files import NotPlainFile, atomic_write, open_plain
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +83,12 @@ def bound_run_id(run_dir: Path) -> tuple[str | None, str | None]:
     moved, holds the path of its original: it is another branch of the run, for a W&B run of its own."""
     path = run_dir / RUN_ID_FILE
     try:
-        with open_plain_file(path) as file:
+        with open_plain(path) as file:
             content = file.read(RUN_ID_BYTES + 1)
     except FileNotFoundError:
         return None, None
-    except NotPlainFile as why:
-        return None, str(why)
+    except NotPlainFile as error:
+        return None, error.why
     if len(content) > RUN_ID_BYTES:
         return None, f"holds more than a run id and its folder ({RUN_ID_BYTES} bytes)"
     first, _, rest = content.partition(b"\n")
