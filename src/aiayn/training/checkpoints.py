@@ -23,6 +23,7 @@ from aiayn.errors import CheckpointError, FieldError, first_line, show, whole
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
 from aiayn.model.weights import check_weights
+from aiayn.training.checkpoint_limits import check_checkpoint_limits
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +50,14 @@ def step_checkpoints(run: Path) -> list[Path]:
 def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     """A checkpoint's contents, on the CPU, read with ``weights_only=True``: tensors and plain data only,
     so that a checkpoint from elsewhere cannot run code. ``mmap`` maps tensors instead of reading them
-    (enough to check a checkpoint). A missing, truncated or foreign file is a :class:`CheckpointError`."""
+    (enough to check a checkpoint). A missing, truncated or foreign file is a :class:`CheckpointError`, and
+    so is one over the bounds of :mod:`~aiayn.training.checkpoint_limits`, refused before torch reads it."""
     path = Path(path)
     if path.is_dir():
         raise CheckpointError(f"checkpoint {path} is a folder; give a .ckpt file (e.g. {path}/checkpoints/best.ckpt)")
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    check_checkpoint_limits(path)
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
@@ -79,29 +82,35 @@ def load_checkpoint(path: Path, mmap: bool = False) -> dict[str, Any]:
     return checkpoint
 
 
-def check_tensor_sizes(node: Any, path: Path, field: str = "", depth: int = 0) -> None:
+def check_tensor_sizes(node: Any, path: Path, field: str = "", depth: int = 0, seen: set[int] | None = None) -> None:
     """Every tensor in ``node`` holds its own numbers: a tensor whose storage is smaller than its size (an
     expanded one, stride 0) loads from a few bytes as terabytes, and any copy of it (a cast, an average)
     allocates them all. A :class:`CheckpointError` names the first such tensor (and a nesting deeper
-    than aiayn writes)."""
+    than aiayn writes). Each container is walked once (``seen``: their ids), so a pickle's references to
+    earlier containers do not make the walk longer than the pickle; field names are cut to 80 characters."""
     if depth > 32:
         raise CheckpointError(f"checkpoint {path}: {field or 'its contents'} nest deeper than aiayn writes")
+    seen = set() if seen is None else seen
+    if isinstance(node, dict | list | tuple):
+        if id(node) in seen:
+            return
+        seen.add(id(node))
     if isinstance(node, dict):
         for key, value in node.items():
-            check_tensor_sizes(value, path, f"{field}.{key}" if field else str(key), depth + 1)
+            check_tensor_sizes(value, path, (f"{field}.{key}" if field else str(key))[:80], depth + 1, seen)
     elif isinstance(node, list | tuple):
         for index, value in enumerate(node):
-            check_tensor_sizes(value, path, f"{field}[{index}]", depth + 1)
+            check_tensor_sizes(value, path, f"{field}[{index}]"[:80], depth + 1, seen)
     elif isinstance(node, torch.Tensor) and (
         node.layout is not torch.strided or node.device.type != "cpu" or node.is_quantized or node.is_nested
     ):
         raise CheckpointError(
-            f"checkpoint {path}: {field[:80]} is a {node.layout} tensor on {node.device.type}; aiayn writes dense "
+            f"checkpoint {path}: {field} is a {node.layout} tensor on {node.device.type}; aiayn writes dense "
             "tensors of the CPU"
         )
     elif isinstance(node, torch.Tensor) and node.numel() * node.element_size() > node.untyped_storage().nbytes():
         raise CheckpointError(
-            f"checkpoint {path}: {field[:80]} is a tensor of {node.numel()} numbers stored in "
+            f"checkpoint {path}: {field} is a tensor of {node.numel()} numbers stored in "
             f"{node.untyped_storage().nbytes()} bytes (expanded); aiayn writes every number it means"
         )
 
