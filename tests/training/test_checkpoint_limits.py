@@ -22,7 +22,8 @@ import torch
 
 from aiayn.errors import CheckpointError
 from aiayn.model import Transformer, TransformerConfig
-from aiayn.training.checkpoint_limits import MAX_RECORDS, MAX_TEXT, OPS_BASE, PICKLE_BASE
+from aiayn.training.checkpoint_limits import MAX_RECORDS
+from aiayn.training.checkpoint_pickle import MAX_TEXT, OPS_BASE, PICKLE_BASE
 from aiayn.training.checkpoints import check_tensor_sizes, load_checkpoint, save_checkpoint
 
 MiB = 1 << 20
