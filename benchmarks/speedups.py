@@ -70,7 +70,7 @@ def variant(
         if torch_loss:  # on the same real target positions: only the loss differs
             logits, target = module.real_target_logits(batch)
             total = F.cross_entropy(logits, target, ignore_index=pad, label_smoothing=smoothing, reduction="sum")
-            loss = total / target.numel()
+            loss = total / batch["target_rows"].numel()
         else:
             loss, _ = module.training_loss(batch)
         loss.backward()

@@ -28,6 +28,12 @@ _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 GLIBC_DEFAULT_THRESHOLD = 128 * 1024
 RETAINING_THRESHOLD = 2**31 - 1
+# oneDNN, which multiplies bf16 matrices on the CPU, builds kernels for every new shape of a product and
+# keeps them in two least-recently-used caches, 1024 entries each by default: its own primitive cache
+# and that of ideep, PyTorch's layer over it. Each reads its capacity from the environment once, when it
+# is first used (LRU_CACHE_CAPACITY=0 crashes PyTorch 2.13).
+KERNEL_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
+KERNEL_CACHE_CAPACITY = 4096
 
 
 def available_cpus() -> int:
@@ -154,13 +160,33 @@ def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
     return mmap_set and trim_set
 
 
+def size_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
+    """Let oneDNN's kernel caches (:data:`KERNEL_CACHE_VARIABLES`) hold ``capacity`` entries each, unless
+    the environment sets them already. Takes effect only before the process's first bf16 matrix product.
+
+    A CPU run multiplies in a bounded set of shapes: its training batches' (a few dozen row counts once
+    the output projection's rows are padded, :data:`~aiayn.training.module.PROJECTED_ROWS`) and those of
+    its validations' and tests' decoding (hundreds: their batches shrink as sentences finish). With the
+    default capacity every validation pushed the training steps' kernels out, the steps built them
+    again, and each kernel built in the middle of a step stayed in the heap between that step's tensors:
+    the heap fragmented and the run's memory grew with every epoch (pytorch/pytorch#27971). Kept, the
+    kernels are built once ("Memory of the default run" in benchmarks/RESULTS.md)."""
+    if capacity < 1:
+        raise ValueError(f"kernel cache capacity {capacity} must be at least 1")
+    for name in KERNEL_CACHE_VARIABLES:
+        os.environ.setdefault(name, str(capacity))
+
+
 def retain_freed_memory() -> bool:
-    """Keep large freed blocks in glibc's heap instead of returning them to the kernel.
+    """Keep large freed blocks in glibc's heap instead of returning them to the kernel, and keep every
+    kernel a run builds (:func:`size_kernel_caches`), so that what the heap keeps stays what the steps
+    reuse.
 
     Every training step allocates and frees logits of batch × length × vocabulary floats (100+ MB).
     By default glibc serves such blocks with mmap and unmaps them on free, so each step pays for
     fresh, zero-filled pages. Raising the mmap and trim thresholds makes the heap reuse them: training
     steps run 1.15x faster on a 2-core CPU (`benchmarks/allocator.py`, `benchmarks/RESULTS.md`).
-    Returns whether the settings took effect (glibc on Linux only).
+    Returns whether the thresholds took effect (glibc on Linux only).
     """
+    size_kernel_caches()
     return set_malloc_thresholds(RETAINING_THRESHOLD, RETAINING_THRESHOLD)

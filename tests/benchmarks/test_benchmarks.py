@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import runpy
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -196,3 +198,26 @@ def test_speedups_races_bf16_autocast_with_attention_in_fp32_and_in_bf16(
     assert set(result["tokens_per_s"]) == {"aiayn", *variants} and all(result[f"vs_{name}"] > 0 for name in variants)
     # 2 layers x 3 attentions x 2 batches x (warm-up + 1 round) per variant: bf16 only where asked for
     assert attended.count(torch.bfloat16) == 6 * 2 * 2 and len(attended) == 6 * 2 * 2 * (len(variants) + 1)
+
+
+def test_memory_summary_marks_epochs_and_fits_their_growth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory benchmark's reading of a run: its own process tree sampled from /proc, and a log of three
+    validations (each ends an epoch) and a test, with samples between them, summed into the numbers its
+    JSON reports. The whole run it starts is the default one: too long for the suite."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    memory = importlib.import_module("memory")
+    assert memory.tree_rss_mb(os.getpid()) >= memory.rss_kb(os.getpid()) / 1024 > 10
+    sampler = memory.Sampler(subprocess.Popen([sys.executable, "-c", ""]), interval=1.0)
+    sampler.process.wait()
+    sampler.samples = [(1.0, 900.0), (2.0, 1500.0), (3.0, 1000.0), (4.0, 1700.0), (5.0, 1200.0), (6.0, 1900.0)]
+    sampler.events = [
+        {"event": "validation", "s": 2.0, "rss_mb": 1500, "step": 10},
+        {"event": "validation", "s": 4.0, "rss_mb": 1700, "step": 20},
+        {"event": "validation", "s": 5.0, "rss_mb": 1200, "step": 30},
+        {"event": "evaluate best.ckpt", "s": 5.5, "rss_mb": 1200},
+    ]
+    result = memory.summary(sampler)
+    assert result["epoch_steps"] == [10, 20, 30] and result["epoch_mb"] == [1500, 1700, 1200]
+    assert result["epoch_peak_mb"] == [1500, 1700, 1200] and result["growth_mb_per_epoch"] == -500.0
+    assert result["peak_mb"] == 1900 and result["evaluation_peak_mb"] == 1900
+    assert result["training_peak_after_first_epoch_mb"] == 1700

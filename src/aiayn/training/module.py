@@ -31,6 +31,13 @@ from aiayn.training.schedule import (
 # What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
 # its perplexity (Table 3) and sacreBLEU.
 
+# The output projection runs on the real target positions of a batch, padded to a multiple of this many
+# rows. On the CPU every new row count of a bf16 matrix product makes oneDNN build and cache kernels
+# for it: the real positions' count, new at almost every step, kept adding some and pushing others out
+# of the cache, and the heap fragmented around them (aiayn.machine.size_kernel_caches). Padded, a run
+# has a few dozen counts; the padding costs < 16 rows of ~2000.
+PROJECTED_ROWS = 16
+
 
 class TranslationModule(pl.LightningModule):
     """Trains a :class:`~aiayn.model.Transformer` and evaluates it with perplexity and sacreBLEU.
@@ -99,15 +106,22 @@ class TranslationModule(pl.LightningModule):
         """The label-smoothed loss of a training batch and its real target tokens: all a training step
         computes before the backward pass (the benchmarks' bare loops call it too)."""
         logits, target = self.real_target_logits(batch)
-        return self.loss(logits, target, self.optim.label_smoothing, target.numel())  # a shape: no wait
+        n_tokens = batch["target_rows"].numel()  # a shape: no wait
+        return self.loss(logits, target, self.optim.label_smoothing, n_tokens)
 
     def real_target_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced logits (N, vocab) at the batch's N real target positions and their reference ids
-        (N,): padding positions get no output projection, softmax or loss."""
+        """Teacher-forced logits (N', vocab) at the batch's N real target positions and their reference ids
+        (N',): padding positions get no output projection, softmax or loss. N' is N rounded up to a
+        multiple of :data:`PROJECTED_ROWS`: the extra rows repeat the first position, with the padding id
+        as their reference, which the loss ignores (no loss, no gradient)."""
         rows = batch["target_rows"]
+        target = batch["tgt_out"].flatten().index_select(0, rows)
+        extra = -rows.numel() % PROJECTED_ROWS
+        if extra:
+            rows = torch.cat([rows, rows.new_zeros(extra)])
+            target = torch.cat([target, target.new_full((extra,), self.pad_id)])
         packed = Packing.of_batch(batch) if self.packed_attention else None
-        logits = self.model(batch["src"], batch["tgt_in"], rows, packed)
-        return logits, batch["tgt_out"].flatten().index_select(0, rows)
+        return self.model(batch["src"], batch["tgt_in"], rows, packed), target
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss, n_tokens = self.training_loss(batch)
@@ -131,7 +145,7 @@ class TranslationModule(pl.LightningModule):
     # -- evaluation -------------------------------------------------------------------------------
     def _evaluate(self, batch: dict[str, Any], stage: str) -> None:
         logits, target = self.real_target_logits(batch)
-        nll, n_tokens = self.loss(logits, target, 0.0, target.numel())
+        nll, n_tokens = self.loss(logits, target, 0.0, batch["target_rows"].numel())
         smoothed, _ = self.loss(logits, target, self.optim.label_smoothing, n_tokens)
         self.nll[stage].update(nll, weight=n_tokens)
         self.smoothed[stage].update(smoothed, weight=n_tokens)
