@@ -7,13 +7,16 @@ import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from aiayn.files import atomic_write, temporary_file
+
+if TYPE_CHECKING:
+    from aiayn.data.sampler import BatchShapes
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -136,9 +139,9 @@ class ParallelDataset(Dataset):
         return i, self.src[j], self.tgt[j]
 
 
-def _real_rows(lengths: np.ndarray, width: int) -> torch.Tensor:
-    """The flat indices (row * width + position) of the first ``lengths[row]`` positions of each row."""
-    return (torch.arange(width) < torch.as_tensor(lengths)[:, None]).flatten().nonzero().squeeze(1)
+def _first_positions(lengths: np.ndarray, width: int) -> np.ndarray:
+    """(rows, width) booleans: True at the first ``lengths[row]`` positions of each row."""
+    return np.arange(width) < lengths[:, None]
 
 
 class Collator:
@@ -147,44 +150,72 @@ class Collator:
     ``src`` gets EOS appended; the decoder reads ``tgt_in`` = BOS + target and predicts ``tgt_out`` =
     target + EOS (teacher forcing, §3 and Figure 1's "outputs shifted right"). With ``references``
     (raw target text by dataset position) evaluation batches carry the text that BLEU compares against.
+    With ``shapes`` (:class:`~aiayn.data.sampler.BatchShapes`, the sampler's) each side is padded to the
+    width of its batch's shape instead of to its longest sentence. ``packing``: the batch carries where
+    its real tokens are (``source_rows``, ``offsets``), which only attention over packed sequences reads;
+    a padded step would copy them to the device for nothing.
+
+    Built with whole-array operations: a 25000-token batch of 1300 short pairs took 43 ms row by row.
     """
 
-    def __init__(self, pad_id: int, bos_id: int, eos_id: int, references: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        pad_id: int,
+        bos_id: int,
+        eos_id: int,
+        references: Sequence[str] | None = None,
+        shapes: BatchShapes | None = None,
+        packing: bool = True,
+    ) -> None:
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
-        self.references = references
+        self.references, self.shapes, self.packing = references, shapes, packing
 
     def __call__(self, items: list[tuple[int, np.ndarray, np.ndarray]]) -> dict[str, Any]:
         n = len(items)
-        src_len = max(len(s) for _, s, _ in items) + 1
-        tgt_len = max(len(t) for _, _, t in items) + 1
-        src = torch.full((n, src_len), self.pad_id, dtype=torch.long)
-        tgt_in = torch.full((n, tgt_len), self.pad_id, dtype=torch.long)
-        tgt_out = torch.full((n, tgt_len), self.pad_id, dtype=torch.long)
-        for row, (_, s, t) in enumerate(items):
-            src[row, : len(s)] = torch.from_numpy(s.astype(np.int64))
-            src[row, len(s)] = self.eos_id
-            tgt_in[row, 0] = self.bos_id
-            tgt_in[row, 1 : len(t) + 1] = torch.from_numpy(t.astype(np.int64))
-            tgt_out[row, : len(t)] = tgt_in[row, 1 : len(t) + 1]
-            tgt_out[row, len(t)] = self.eos_id
-        lengths = np.array([(len(s) + 1, len(t) + 1) for _, s, t in items], dtype=np.int64)
+        index = np.fromiter((i for i, _, _ in items), dtype=np.int64, count=n)
+        # Real (non-padding) tokens per pair, source + EOS and target + EOS (the same count as BOS + target).
+        lengths = np.empty((n, 2), dtype=np.int64)
+        lengths[:, 0] = np.fromiter((len(s) for _, s, _ in items), dtype=np.int64, count=n)
+        lengths[:, 1] = np.fromiter((len(t) for _, _, t in items), dtype=np.int64, count=n)
+        lengths += 1
+        src_len, tgt_len = lengths.max(axis=0).tolist()
+        if self.shapes is not None:
+            src_len, tgt_len = self.shapes.widths_of(n, src_len, tgt_len)
+        rows = np.arange(n)
+        src = np.full((n, src_len), self.pad_id, dtype=np.int64)
+        # A boolean mask assigns in row-major order: the concatenated sentences land in their rows.
+        src[_first_positions(lengths[:, 0] - 1, src_len)] = np.concatenate([s for _, s, _ in items])
+        src[rows, lengths[:, 0] - 1] = self.eos_id
+        target = np.concatenate([t for _, _, t in items])
+        words = _first_positions(lengths[:, 1] - 1, tgt_len)
+        tgt_in = np.full((n, tgt_len), self.pad_id, dtype=np.int64)
+        tgt_in[:, 0] = self.bos_id
+        tgt_in[:, 1:][words[:, :-1]] = target
+        tgt_out = np.full((n, tgt_len), self.pad_id, dtype=np.int64)
+        tgt_out[words] = target
+        tgt_out[rows, lengths[:, 1] - 1] = self.eos_id
         batch: dict[str, Any] = {
-            "src": src,
-            "tgt_in": tgt_in,
-            "tgt_out": tgt_out,
-            "index": torch.tensor([i for i, _, _ in items], dtype=torch.long),
-            # Real (non-padding) tokens per pair, source + EOS and target + EOS, kept in NumPy so that
-            # they stay on the CPU: throughput and MFU read them without waiting for the GPU.
+            "src": torch.from_numpy(src),
+            "tgt_in": torch.from_numpy(tgt_in),
+            "tgt_out": torch.from_numpy(tgt_out),
+            # NumPy, like the lengths: read on the host (test hypotheses by position, the tests' records),
+            # never pinned or copied to the device.
+            "index": index,
+            # Kept in NumPy so that they stay on the CPU: throughput and MFU read them without waiting
+            # for the GPU.
             "lengths": lengths,
             # Where the real target tokens sit in tgt_out flattened (row * tgt_len + position): the output
             # projection and the loss run on those rows only. Found here, on the CPU, so that the device
             # gets them with the batch instead of a nonzero() of its own that the host would wait for.
-            "target_rows": _real_rows(lengths[:, 1], tgt_len),
+            "target_rows": torch.from_numpy(np.flatnonzero(_first_positions(lengths[:, 1], tgt_len))),
+        }
+        if self.packing:
             # The same for the source, and where each pair's real tokens start among the packed ones,
             # (source, target) x (B + 1): the layout of attention over packed sequences (aiayn.model.Packing).
-            "source_rows": _real_rows(lengths[:, 0], src_len),
-            "offsets": torch.as_tensor(np.concatenate([np.zeros((2, 1), dtype=np.int64), lengths.T.cumsum(1)], 1)),
-        }
+            batch["source_rows"] = torch.from_numpy(np.flatnonzero(_first_positions(lengths[:, 0], src_len)))
+            offsets = np.zeros((2, n + 1), dtype=np.int64)
+            np.cumsum(lengths.T, axis=1, out=offsets[:, 1:])
+            batch["offsets"] = torch.from_numpy(offsets)
         if self.references is not None:
-            batch["references"] = [self.references[i] for i, _, _ in items]
+            batch["references"] = [self.references[i] for i in index.tolist()]
         return batch
