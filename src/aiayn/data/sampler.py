@@ -39,6 +39,109 @@ class SeededOrder(Sampler[int]):
         return self.n
 
 
+# Rows per batch are a multiple of this where the token budget allows: tensor cores multiply in tiles of
+# 8 rows, and fewer row counts mean fewer shapes (fairseq's --required-batch-size-multiple, default 8).
+ROWS_MULTIPLE = 8
+# Candidate widths: every length up to 16 tokens, then 8 per doubling of the length (multiples of 2 up
+# to 32, of 4 up to 64, ...): rounding pads at most 1/8 of a side, and the histogram of a WMT-sized
+# corpus stays small (about 50 x 50 cells), so choosing the shapes takes about a second.
+WIDTHS_PER_OCTAVE = 8
+
+
+def grid_width(lengths: np.ndarray) -> np.ndarray:
+    """``lengths`` rounded up to the candidate widths."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    octave = np.floor(np.log2(np.maximum(lengths, 1))).astype(np.int64)
+    step = np.maximum(np.left_shift(1, octave) // WIDTHS_PER_OCTAVE, 1)
+    return -(-lengths // step) * step
+
+
+def batch_rows(widths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """The rows of a batch of each (source, target) width: as many as ``max_tokens`` holds on the wider
+    side, rounded down to a multiple of :data:`ROWS_MULTIPLE` when it holds that many."""
+    rows = max_tokens // np.asarray(widths).max(axis=-1)
+    return np.where(rows >= ROWS_MULTIPLE, rows // ROWS_MULTIPLE * ROWS_MULTIPLE, rows)
+
+
+class BatchShapes:
+    """At most ``count`` padded (source, target) widths for the batches of a split, and a batch's rows at
+    each: every batch has one of these shapes, so a step meets at most ``count`` + 1 tensor shapes (the
+    one more: the epoch's last batch, short). fairseq's ``--num-batch-buckets`` buckets each side into
+    percentiles "to minimize the number of compilations"; here the pairs of widths are chosen together, as
+    most pairs have sides of similar lengths.
+
+    The widths are chosen greedily: first the pair that holds every sentence pair, then, ``count`` - 1
+    times, the one that saves the most padding over the pairs it would take (each pair goes to the
+    cheapest shape that holds it), among the candidate widths (:func:`grid_width`) of the pairs; a
+    shape too rare to fill one batch saves nothing. Depends only on the lengths: every epoch, rank and
+    resumed run gets the same shapes.
+    """
+
+    def __init__(self, lengths: np.ndarray, count: int, max_tokens: int) -> None:
+        """``lengths``: (pairs, 2), source + EOS and BOS + target, as the batches are padded."""
+        cells, pairs = np.unique(np.minimum(grid_width(lengths), max_tokens), axis=0, return_counts=True)
+        cost = cells.sum(axis=1)
+        holds = (cells[None, :, 0] <= cells[:, None, 0]) & (cells[None, :, 1] <= cells[:, None, 1])  # (cand, cell)
+        rows = batch_rows(cells, max_tokens)
+        widths = [cells.max(axis=0)]  # holds every pair
+        paid = np.full(len(cells), int(widths[0].sum()))  # per cell, the widths of the cheapest shape holding it
+        while len(widths) < count:
+            saved = np.where(holds, np.maximum(paid[None, :] - cost[:, None], 0), 0) @ pairs
+            saved[(holds @ pairs) < rows] = 0
+            best = int(saved.argmax())
+            if saved[best] <= 0:
+                break
+            widths.append(cells[best])
+            paid = np.where(holds[best], np.minimum(paid, cost[best]), paid)
+        table = np.array(widths, dtype=np.int64)
+        # Cheapest first: a shape that holds another comes after it, which is where pairs are carried.
+        table = table[np.lexsort((table[:, 1], table[:, 0], table.sum(axis=1)))]
+        self.widths, self.rows, self.max_tokens = table, batch_rows(table, max_tokens), max_tokens
+
+    def __len__(self) -> int:
+        return len(self.widths)
+
+    def holding(self, lengths: np.ndarray) -> np.ndarray:
+        """(pairs, shapes) booleans: whether each shape's widths hold each pair."""
+        return (lengths[:, None, 0] <= self.widths[None, :, 0]) & (lengths[:, None, 1] <= self.widths[None, :, 1])
+
+    def of_pairs(self, lengths: np.ndarray) -> np.ndarray:
+        """The shape each pair is batched in: the cheapest that holds it (the first, as they are sorted)."""
+        return self.holding(lengths).argmax(axis=1)
+
+    def above(self, shape: int) -> int | None:
+        """The cheapest later shape that holds ``shape``'s widths: where pairs too few for a batch go."""
+        later = self.holding(self.widths[shape][None])[0, shape + 1 :]
+        return shape + 1 + int(later.argmax()) if later.any() else None
+
+    def widths_of(self, rows: int, src_len: int, tgt_len: int) -> tuple[int, int]:
+        """The widths a batch of ``rows`` pairs whose longest sides are ``src_len`` and ``tgt_len`` is padded
+        to: the cheapest shape of that many rows that holds it (any that holds it: the short last batch)."""
+        holds = self.holding(np.array([[src_len, tgt_len]]))[0]
+        same = holds & (self.rows == rows)
+        shape = int((same if same.any() else holds).argmax())
+        return int(self.widths[shape, 0]), int(self.widths[shape, 1])
+
+    def pack(self, order: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
+        """The pairs ``order`` (indices into ``lengths``) in batches of one shape each, in that order within a
+        shape: the shapes' full batches, cheapest shape first; the pairs that do not fill a last batch of
+        their shape go on to the cheapest shape above it, and only the shape that holds all makes a short one."""
+        shape_of = self.of_pairs(lengths[order])
+        waiting: list[list[np.ndarray]] = [[order[shape_of == shape]] for shape in range(len(self))]
+        batches: list[list[int]] = []
+        for shape, rows in enumerate(self.rows.tolist()):
+            pairs = np.concatenate(waiting[shape][::-1])  # the pairs carried here first: they are batched now
+            whole = len(pairs) - len(pairs) % rows
+            batches += [pairs[i : i + rows].tolist() for i in range(0, whole, rows)]
+            if whole < len(pairs):
+                above = self.above(shape)
+                if above is None:
+                    batches.append(pairs[whole:].tolist())
+                else:
+                    waiting[above].append(pairs[whole:])
+        return batches
+
+
 class TokenBudgetBatchSampler(Sampler[list[int]]):
     """Batches of sentence indices, each at most ``max_tokens`` tokens *including padding*.
 
@@ -61,6 +164,11 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     ``group``: the batches each rank accumulates into one optimizer step; a training epoch is cut to a
     multiple of ranks × group, so no optimizer step (and no validation interval) straddles two epochs.
 
+    With ``shapes`` (a count; both sides' lengths needed) the batches take few tensor shapes, as a GPU
+    wants (a kernel, graph or compiled region per shape): each pair goes to one of at most that many
+    padded (source, target) widths (:class:`BatchShapes`), and the batches of a width are its pairs in
+    the seeded order, all of one number of rows (a multiple of 8 where the budget allows).
+
     The position in the epoch is resumable (:meth:`state_dict`): a run resumed from a mid-epoch
     checkpoint continues with the next unseen batch, also on another number of ranks.
     """
@@ -76,9 +184,13 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         even: bool = True,
         group: int = 1,
+        shapes: int | None = None,
     ) -> None:
         """``sizes``: per pair, its size, or its (source, target) lengths as padded (source + EOS, BOS + target)."""
         sizes = np.asarray(sizes, dtype=np.int64)
+        if shapes is not None and sizes.ndim != 2:
+            raise ValueError("batches of few shapes need both sides' lengths of every pair")
+        lengths = sizes
         self.longer_side: np.ndarray | None = None
         self._by_size_epoch: int | None = None  # an earlier aiayn's epoch, resumed in its own batches
         if sizes.ndim == 2:
@@ -98,6 +210,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.max_tokens, self.num_replicas, self.rank, self.even = max_tokens, num_replicas, rank, even
         self.group = group
         self.sampler = SeededOrder(len(self.sizes), seed, shuffle)
+        self.shapes = BatchShapes(lengths, shapes, max_tokens) if shapes is not None else None
+        self.lengths, self._shape_count = lengths, shapes
         if not even and len(self.sizes) < num_replicas:
             raise ValueError(f"an evaluation split of {len(self.sizes)} pairs cannot give all {num_replicas} ranks one")
         # The number of batches does not depend on the order: packing sees the same sorted sizes.
@@ -120,6 +234,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         return order[np.lexsort((self.longer_side[order], self.sizes[order]))]
 
     def _pack(self, order: np.ndarray) -> list[list[int]]:
+        if self.shapes is not None:
+            return self.shapes.pack(order, self.lengths)
         order = self._by_length(order)
         batches: list[list[int]] = []
         batch: list[int] = []
@@ -182,6 +298,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         layout = {"pairs": len(self.sizes), "max_tokens": self.max_tokens, "seed": self.sampler.seed}
         if self._by_side():  # a checkpoint of an aiayn that batched by size alone lacks it
             layout["by_side"] = 1
+        if self.shapes is not None:  # ... and one of batches of any shape this
+            layout["shapes"] = self._shape_count
         return layout
 
     def state_dict(self, consumed: int) -> dict[str, int]:
@@ -198,9 +316,9 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         checkpoint of an aiayn that batched by size alone finishes its epoch in those batches: the
         training loop counts the batches it already took, so a restart would skip as many."""
         self._by_size_epoch = None
-        layout = {key: state.get(key) for key in ("pairs", "max_tokens", "seed", "by_side")}
+        layout = {key: state.get(key) for key in ("pairs", "max_tokens", "seed", "by_side", "shapes")}
         grouped = self.longer_side is not None and layout["by_side"] in (None, 1)  # 1: by side, None: by size
-        own = {**self._layout(), "by_side": layout["by_side"] if grouped else None}
+        own = {"shapes": None, **self._layout(), "by_side": layout["by_side"] if grouped else None}
         if layout != own:
             log.warning(
                 "the checkpoint's batches were made with %s, these with %s: its epoch restarts from the beginning",
