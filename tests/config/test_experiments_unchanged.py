@@ -31,6 +31,8 @@ ADDED = {
     "checkpoint.average_every": None,
     "checkpoint.answer": "evaluated",  # step checkpoints at validations, as before
     "data.bpe_dropout": 0.0,
+    "data.prefetch_factor": None,  # how fast batches come, not what they hold
+    "data.batch_shapes": None,  # each batch padded to its own longest sentences, as before
     "cpu_bf16": False,  # fp32 on hardware=cpu whatever the CPU
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.

@@ -65,7 +65,9 @@ def check_sizes(
     eval_max_tokens: int | None,
     max_len: int,
     max_len_ratio: float | None,
-    num_workers: int,
+    num_workers: int | None,
+    prefetch_factor: int | None,
+    batch_shapes: int | None,
     train_limit: int | None,
     eval_limit: int | None,
 ) -> None:
@@ -73,7 +75,9 @@ def check_sizes(
     ``data.*`` key; among them, the token budget against the longest sentence training keeps."""
     counts = (
         ("tokenizer_sample", tokenizer_sample, 1, False),
-        ("num_workers", num_workers, 0, False),
+        ("num_workers", num_workers, 0, True),
+        ("prefetch_factor", prefetch_factor, 1, True),
+        ("batch_shapes", batch_shapes, 1, True),
         ("encode_workers", encode_workers, 1, True),
         ("train_limit", train_limit, 1, True),
         ("eval_limit", eval_limit, 1, True),
@@ -98,6 +102,13 @@ def check_sizes(
         )
 
 
+def loader_workers(processes: int) -> int:
+    """Loader workers per training process when ``data.num_workers`` is null: half the CPUs each of the
+    ``processes`` on this machine may use (the other half runs the process itself and its CUDA threads),
+    at most 8. A vectorised collate makes a 25000-token batch in a few ms, so 8 feed any one GPU."""
+    return min(8, available_cpus() // max(processes, 1) // 2)
+
+
 class TranslationDataModule(pl.LightningDataModule):
     """Batches of one translation direction of ``corpus``.
 
@@ -109,7 +120,10 @@ class TranslationDataModule(pl.LightningDataModule):
     Training pairs with an empty side, a side longer than ``max_len`` tokens, or sides whose lengths
     differ by more than the factor ``max_len_ratio`` are dropped and counted (:attr:`filtered`);
     evaluation splits are used whole. Batches hold at most ``max_tokens`` tokens (padding included) per
-    device and are shared out over the DDP ranks.
+    device and are shared out over the DDP ranks. ``batch_shapes``: the training batches take at most
+    that many padded shapes, and one more for a short last batch (:class:`~aiayn.data.sampler.BatchShapes`;
+    None: each batch is padded to its own longest sentences). ``num_workers`` processes prepare batches
+    (None: :func:`loader_workers`), each ``prefetch_factor`` batches ahead (None: PyTorch's 2).
 
     ``extra_train``, ``tag_extra`` and ``upsample_primary`` mix more pairs (back-translations) into the
     training pairs only: :mod:`aiayn.data.back_translation`. ``bpe_dropout`` > 0 segments the training
@@ -128,8 +142,10 @@ class TranslationDataModule(pl.LightningDataModule):
         max_len: int = 256,
         max_len_ratio: float | None = None,
         seed: int = 1,
-        num_workers: int = 0,
+        num_workers: int | None = 0,
+        prefetch_factor: int | None = None,
         pin_memory: bool = False,
+        batch_shapes: int | None = None,
         train_limit: int | None = None,
         eval_limit: int | None = None,
         extra_train: Sequence[Sequence[str]] = (),
@@ -148,6 +164,8 @@ class TranslationDataModule(pl.LightningDataModule):
             max_len=max_len,
             max_len_ratio=max_len_ratio,
             num_workers=num_workers,
+            prefetch_factor=prefetch_factor,
+            batch_shapes=batch_shapes,
             train_limit=train_limit,
             eval_limit=eval_limit,
         )
@@ -161,6 +179,7 @@ class TranslationDataModule(pl.LightningDataModule):
         self.max_tokens, self.max_len, self.max_len_ratio = max_tokens, max_len, max_len_ratio
         self.eval_max_tokens = eval_max_tokens or max_tokens
         self.seed, self.num_workers, self.pin_memory = seed, num_workers, pin_memory
+        self.prefetch_factor, self.batch_shapes = prefetch_factor, batch_shapes
         self.train_limit, self.eval_limit = train_limit, eval_limit
         self.split_names = corpus.roles
         self.tokenizer: Tokenizer | None = None
@@ -384,17 +403,24 @@ class TranslationDataModule(pl.LightningDataModule):
             rank=rank,
             even=training,
             group=group,
+            shapes=self.batch_shapes if training else None,
         )
 
-    def _collator(self, role: str) -> Collator:
+    def _collator(self, role: str, sampler: TokenBudgetBatchSampler) -> Collator:
         assert self.tokenizer is not None, "call setup() first"
         tok = self.tokenizer
-        return Collator(tok.pad_id, tok.bos_id, tok.eos_id, self.references.get(role))
+        # Only attention over packed sequences reads where the real tokens are; a module that does not
+        # say (or no module: a benchmark's loop) gets them.
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        packing = getattr(module, "packed_attention", True)
+        return Collator(tok.pad_id, tok.bos_id, tok.eos_id, self.references.get(role), sampler.shapes, packing)
 
     def _loader_options(self) -> dict[str, Any]:
-        workers = self.num_workers
+        processes = self.trainer.num_devices if self.trainer is not None else 1
+        workers = self.num_workers if self.num_workers is not None else loader_workers(processes)
         return {
             "num_workers": workers,
+            "prefetch_factor": self.prefetch_factor if workers > 0 else None,
             "pin_memory": self.pin_memory,
             "persistent_workers": workers > 0,
             # A loader seeds its workers from this generator, not from the global one that dropout draws
@@ -436,16 +462,17 @@ class TranslationDataModule(pl.LightningDataModule):
         return ResumableDataLoader(
             self.datasets["train"],
             batch_sampler=sampler,
-            collate_fn=self._collator("train"),
+            collate_fn=self._collator("train", sampler),
             consumed=self._consumed_batches,
             **self._loader_options(),
         )
 
     def _eval_loader(self, role: str) -> DataLoader:
+        sampler = self._sampler(role, self.eval_max_tokens)
         return DataLoader(
             self.datasets[role],
-            batch_sampler=self._sampler(role, self.eval_max_tokens),
-            collate_fn=self._collator(role),
+            batch_sampler=sampler,
+            collate_fn=self._collator(role, sampler),
             **self._loader_options(),
         )
 
