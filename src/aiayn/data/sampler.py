@@ -56,6 +56,16 @@ def grid_width(lengths: np.ndarray) -> np.ndarray:
     return -(-lengths // step) * step
 
 
+def grid_cells(lengths: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct candidate (source, target) widths of ``lengths`` (none above ``max_tokens``), how many
+    pairs each holds, and each pair's; one key per pair sorts faster than rows of two."""
+    widths = np.minimum(grid_width(lengths), max_tokens)
+    keys, inverse, pairs = np.unique(
+        widths[:, 0] * (max_tokens + 1) + widths[:, 1], return_inverse=True, return_counts=True
+    )
+    return np.stack(np.divmod(keys, max_tokens + 1), axis=1), pairs, inverse.reshape(-1)
+
+
 def batch_rows(widths: np.ndarray, max_tokens: int) -> np.ndarray:
     """The rows of a batch of each (source, target) width: as many as ``max_tokens`` holds on the wider
     side, rounded down to a multiple of :data:`ROWS_MULTIPLE` when it holds that many."""
@@ -79,7 +89,7 @@ class BatchShapes:
 
     def __init__(self, lengths: np.ndarray, count: int, max_tokens: int) -> None:
         """``lengths``: (pairs, 2), source + EOS and BOS + target, as the batches are padded."""
-        cells, pairs = np.unique(np.minimum(grid_width(lengths), max_tokens), axis=0, return_counts=True)
+        cells, pairs, _ = grid_cells(lengths, max_tokens)
         cost = cells.sum(axis=1)
         holds = (cells[None, :, 0] <= cells[:, None, 0]) & (cells[None, :, 1] <= cells[:, None, 1])  # (cand, cell)
         rows = batch_rows(cells, max_tokens)
@@ -106,8 +116,11 @@ class BatchShapes:
         return (lengths[:, None, 0] <= self.widths[None, :, 0]) & (lengths[:, None, 1] <= self.widths[None, :, 1])
 
     def of_pairs(self, lengths: np.ndarray) -> np.ndarray:
-        """The shape each pair is batched in: the cheapest that holds it (the first, as they are sorted)."""
-        return self.holding(lengths).argmax(axis=1)
+        """The shape each pair is batched in: the cheapest that holds it (the first, as they are sorted).
+        Found per candidate cell (the widths are candidates: a cell fits as its pairs do), not per pair:
+        at WMT's millions a (pairs, shapes) mask would be hundreds of MB."""
+        cells, _, inverse = grid_cells(lengths, self.max_tokens)
+        return self.holding(cells).argmax(axis=1)[inverse]
 
     def above(self, shape: int) -> int | None:
         """The cheapest later shape that holds ``shape``'s widths: where pairs too few for a batch go."""
@@ -122,11 +135,12 @@ class BatchShapes:
         shape = int((same if same.any() else holds).argmax())
         return int(self.widths[shape, 0]), int(self.widths[shape, 1])
 
-    def pack(self, order: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
-        """The pairs ``order`` (indices into ``lengths``) in batches of one shape each, in that order within a
-        shape: the shapes' full batches, cheapest shape first; the pairs that do not fill a last batch of
-        their shape go on to the cheapest shape above it, and only the shape that holds all makes a short one."""
-        shape_of = self.of_pairs(lengths[order])
+    def pack(self, order: np.ndarray, shape_of: np.ndarray) -> list[list[int]]:
+        """The pairs ``order`` in batches of one shape each (``shape_of`` every pair's, :meth:`of_pairs`), in
+        that order within a shape: the shapes' full batches, cheapest shape first; the pairs that do not fill
+        a last batch of their shape go on to the cheapest shape above it, and only the shape that holds all
+        makes a short one."""
+        shape_of = shape_of[order]
         waiting: list[list[np.ndarray]] = [[order[shape_of == shape]] for shape in range(len(self))]
         batches: list[list[int]] = []
         for shape, rows in enumerate(self.rows.tolist()):
@@ -211,7 +225,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.group = group
         self.sampler = SeededOrder(len(self.sizes), seed, shuffle)
         self.shapes = BatchShapes(lengths, shapes, max_tokens) if shapes is not None else None
-        self.lengths, self._shape_count = lengths, shapes
+        self._shape_of = self.shapes.of_pairs(lengths) if self.shapes is not None else None
+        self._shape_count = shapes
         if not even and len(self.sizes) < num_replicas:
             raise ValueError(f"an evaluation split of {len(self.sizes)} pairs cannot give all {num_replicas} ranks one")
         # The number of batches does not depend on the order: packing sees the same sorted sizes.
@@ -235,7 +250,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
 
     def _pack(self, order: np.ndarray) -> list[list[int]]:
         if self.shapes is not None:
-            return self.shapes.pack(order, self.lengths)
+            return self.shapes.pack(order, self._shape_of)
         order = self._by_length(order)
         batches: list[list[int]] = []
         batch: list[int] = []
