@@ -1,14 +1,16 @@
-"""The collator's whole-array construction against the row-by-row one it replaced."""
+"""The collator's whole-array construction against the row-by-row one it replaced, and batch reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
-from aiayn.data.dataset import Collator
+from aiayn.data.dataset import Collator, EncodedText, EncodedTextWriter, ParallelDataset
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -79,3 +81,23 @@ def test_a_padded_step_gets_no_packing_and_the_positions_stay_on_the_host() -> N
     # NumPy: neither pinned nor copied to the device; what reads them reads them on the host
     assert isinstance(batch["index"], np.ndarray) and isinstance(batch["lengths"], np.ndarray)
     assert batch["references"] == [f"line {i}" for i, _, _ in items]
+
+
+def test_a_batch_read_at_once_is_its_pairs_read_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    for lang in ("en", "de"):
+        lengths = rng.integers(0, 40, 500)
+        with EncodedTextWriter(tmp_path / f"train.{lang}", np.dtype(np.uint16)) as writer:
+            writer.append(rng.integers(0, 30000, int(lengths.sum())), lengths)
+    src, tgt = (EncodedText.load(tmp_path / f"train.{lang}") for lang in ("en", "de"))
+    assert isinstance(src.tokens, np.memmap)
+    dataset = ParallelDataset(src, tgt, rng.permutation(500)[:300])
+    positions = rng.permutation(300)[:120].tolist()
+    at_once, one_by_one = dataset.__getitems__(positions), [dataset[i] for i in positions]
+    assert [i for i, _, _ in at_once] == [i for i, _, _ in one_by_one] == positions
+    for (_, s, t), (_, s1, t1) in zip(at_once, one_by_one, strict=True):
+        assert s.tolist() == s1.tolist() and t.tolist() == t1.tolist() and s.dtype == s1.dtype == np.uint16
+    # the DataLoader fetches a batch through it, not pair by pair
+    monkeypatch.setattr(ParallelDataset, "__getitem__", lambda *_: pytest.fail("read one by one"))
+    loader = DataLoader(dataset, batch_sampler=[positions], collate_fn=Collator(PAD, BOS, EOS))
+    assert torch.equal(next(iter(loader))["src"], Collator(PAD, BOS, EOS)(one_by_one)["src"])
