@@ -313,7 +313,7 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         layout = {"pairs": len(self.sizes), "max_tokens": self.max_tokens, "seed": self.sampler.seed}
         if self._by_side():  # a checkpoint of an aiayn that batched by size alone lacks it
             layout["by_side"] = 1
-        if self.shapes is not None:  # ... and one of batches of any shape this
+        if self.shapes is not None:  # a checkpoint of batches of any shape lacks it
             layout["shapes"] = self._shape_count
         return layout
 
