@@ -28,8 +28,9 @@ TORCHRUN_KEY = "aiayn/run_dir"  # the run folder's name in torchrun's store (tor
 OUTPUT_ENV = "AIAYN_OUTPUT"  # where runs, multiruns and sweeps are written (cluster scratch); default outputs/
 # Overrides that say where a run reads and writes, or how it reports, not what it trains.
 NOT_IN_RUN_NAMES = (
-    "data.root", "data.cache_dir", "data.num_workers", "data.encode_workers", "hydra.", "logger", "progress",
-    "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware", "sweep_dir", "paths.",
+    "data.root", "data.cache_dir", "data.num_workers", "data.prefetch_factor", "data.encode_workers", "hydra.",
+    "logger", "progress", "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware",
+    "sweep_dir", "paths.",
 )  # fmt: skip
 MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
 PARAMS_BYTES = 1 << 20  # a trial's parameters, as aiayn-sweep and wandb agent write them: a few lines
