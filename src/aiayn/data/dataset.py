@@ -211,9 +211,9 @@ class Collator:
         tgt_out[words] = target
         tgt_out[rows, lengths[:, 1] - 1] = self.eos_id
         batch: dict[str, Any] = {
-            "src": torch.from_numpy(src),
-            "tgt_in": torch.from_numpy(tgt_in),
-            "tgt_out": torch.from_numpy(tgt_out),
+            "src": torch.as_tensor(src),
+            "tgt_in": torch.as_tensor(tgt_in),
+            "tgt_out": torch.as_tensor(tgt_out),
             # NumPy, like the lengths: read on the host (test hypotheses by position, the tests' records),
             # never pinned or copied to the device.
             "index": index,
@@ -223,15 +223,15 @@ class Collator:
             # Where the real target tokens sit in tgt_out flattened (row * tgt_len + position): the output
             # projection and the loss run on those rows only. Found here, on the CPU, so that the device
             # gets them with the batch instead of a nonzero() of its own that the host would wait for.
-            "target_rows": torch.from_numpy(np.flatnonzero(_first_positions(lengths[:, 1], tgt_len))),
+            "target_rows": torch.as_tensor(np.flatnonzero(_first_positions(lengths[:, 1], tgt_len))),
         }
         if self.packing:
             # The same for the source, and where each pair's real tokens start among the packed ones,
             # (source, target) x (B + 1): the layout of attention over packed sequences (aiayn.model.Packing).
-            batch["source_rows"] = torch.from_numpy(np.flatnonzero(_first_positions(lengths[:, 0], src_len)))
+            batch["source_rows"] = torch.as_tensor(np.flatnonzero(_first_positions(lengths[:, 0], src_len)))
             offsets = np.zeros((2, n + 1), dtype=np.int64)
             np.cumsum(lengths.T, axis=1, out=offsets[:, 1:])
-            batch["offsets"] = torch.from_numpy(offsets)
+            batch["offsets"] = torch.as_tensor(offsets)
         if self.references is not None:
             batch["references"] = [self.references[i] for i in index.tolist()]
         return batch
