@@ -1,17 +1,26 @@
 """The checkpoints a run writes into ``<run>/checkpoints/``: ``last.ckpt`` (:class:`LastCheckpoint`, its
 one owner), ``best.ckpt`` (the best validation score so far) and ``step<N>.ckpt`` (:class:`StepCheckpoints`,
-the newest few, for averaging, §6.1). Every write and deletion goes through
+the newest few, for averaging, §6.1; weights-only snapshots written off the step path with
+``checkpoint.average_every``). Every write and deletion goes through
 :class:`~aiayn.training.checkpoint_io.RunCheckpointIO`."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
+from weakref import proxy
 
 import pytorch_lightning as pl
+import torch
 from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
 
+from aiayn.training.callbacks.ema import EVALUATION_KEYS
+from aiayn.training.callbacks.run_state import SelfContainedCheckpoints
 from aiayn.training.checkpoints import STEP_NAME
+from aiayn.training.snapshots import SnapshotWriter
+
+log = logging.getLogger(__name__)
 
 
 class LastCheckpoint(Checkpoint):
@@ -86,9 +95,14 @@ class FinalStepValidation(pl.Callback):
 
 class StepCheckpoints(ModelCheckpoint):
     """``step<N>.ckpt``, the newest ``keep_last`` of them kept (Lightning's "top k" by step), for the
-    average the run ends with (§6.1). Written at every validation; with ``average_every``, every that many
-    optimizer steps instead, without validating: the average is then over finely spaced checkpoints of
-    the run's last part, whatever validations cost.
+    average the run ends with (§6.1). Written at every validation, as the whole training state; with
+    ``average_every``, every that many optimizer steps instead, without validating, as weights-only
+    snapshots (the model's weights, the run's config and tokenizer; no optimizer, loops or callbacks, as
+    ``ema.ckpt``): the average is then over finely spaced checkpoints of the run's last part, whatever
+    validations cost, and the step pays only for a copy of the weights
+    (:class:`~aiayn.training.snapshots.SnapshotWriter` writes them, and deletes the displaced ones, on a
+    thread of its own). The whole training state is ``last.ckpt``'s, at validations and when the run
+    stops (:class:`LastCheckpoint`).
 
     The step a run stops at is one too (the paper's last averaged checkpoint is its final step), except
     after an early stop (the ``trainer.max_time`` budget, a callback's request; not ``max_steps``) that
@@ -98,10 +112,12 @@ class StepCheckpoints(ModelCheckpoint):
     the steps between the two newest step checkpoints (after the first one, its own step).
 
     Every rank decides alike, from the global step, ``trainer.should_stop`` (the timer broadcasts it)
-    and the tracked files; Lightning writes on rank 0, atomically through the run's checkpoint IO. The
+    and the tracked files, without a vote; rank 0 writes, atomically through the run's checkpoint IO. The
     tracked files are in every checkpoint, under the key of Lightning's validation tracker whatever
     ``average_every`` is: a resumed run keeps pruning its earlier part's files and, counting from the
-    restored global step, continues the same spacing.
+    restored global step, continues the same spacing. The snapshots still being written are on disk before
+    any checkpoint names them (:meth:`state_dict` waits for them), before the training ends, and when it
+    fails; a write's error ends the run on the training thread.
     """
 
     def __init__(self, folder: Path, keep_last: int, average_every: int | None = None, **options: Any) -> None:
@@ -110,6 +126,9 @@ class StepCheckpoints(ModelCheckpoint):
         )
         self.average_every = average_every
         self._step_seen: int | None = None  # the global step after the previous batch
+        self._writer: SnapshotWriter | None = None  # rank 0's, from the first snapshot on
+        self._entries: dict[str, Any] | None = None  # a snapshot's entries besides its weights, per fit
+        self._notified = 0  # snapshots written that the loggers were told of
 
     @property
     def state_key(self) -> str:
@@ -117,24 +136,61 @@ class StepCheckpoints(ModelCheckpoint):
         checkpoints of earlier runs, and of runs with another ``average_every``, restore this state."""
         return super().state_key.replace(type(self).__qualname__, ModelCheckpoint.__qualname__, 1)
 
+    def state_dict(self) -> dict[str, Any]:
+        self._flush()  # a checkpoint names only files that are on disk
+        return super().state_dict()
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
         self._step_seen = trainer.global_step  # a resumed run's step is saved already
+        self._entries = None
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         if self.average_every is None:
             return
+        self._written(trainer)
         finished = trainer.global_step != self._step_seen  # else: in the middle of a gradient accumulation
         self._step_seen = trainer.global_step
         on_grid = finished and trainer.global_step % self.average_every == 0
         if on_grid or (self._stops(trainer) and not self._near_duplicate(trainer)):
             self._save(trainer)
 
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if self._writer is not None:
+            self._writer.hold_weights()  # the step must not change weights the snapshot still copies
+
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.average_every is None and not (self._stops(trainer) and self._near_duplicate(trainer)):
             super().on_validation_end(trainer, pl_module)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_end(trainer, pl_module)
+        self._flush()
+        self._written(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        try:
+            self._close()
+        except Exception as error:  # the run's own exception goes on; this one must not go unseen
+            log.error("a step checkpoint could not be written: %s", error, exc_info=error)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().teardown(trainer, pl_module, stage)
+        self._close()
+
+    def check_monitor_top_k(self, trainer: pl.Trainer, current: torch.Tensor | None = None) -> bool:
+        """Lightning's decision without its vote of the ranks (an all-reduce that waits for the device's
+        queue): a newer step is the better one on every rank alike."""
+        if current is None or self.save_top_k == 0:
+            return False
+        if self.save_top_k == -1 or len(self.best_k_models) < self.save_top_k:
+            return True
+        return bool(current > self.best_k_models[self.kth_best_model_path])
 
     def _stops(self, trainer: pl.Trainer) -> bool:
         return trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
@@ -151,6 +207,57 @@ class StepCheckpoints(ModelCheckpoint):
         """Lightning's own save of a top-k checkpoint (and deletion of the one it displaces), now."""
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_topk_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self.average_every is None:
+            super()._save_checkpoint(trainer, filepath)
+            return
+        if trainer.is_global_zero:
+            if self._entries is None:
+                self._entries = snapshot_entries(trainer)
+            entries = {**self._entries, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
+            self._writer = self._writer or SnapshotWriter(trainer.strategy.checkpoint_io)
+            self._writer.save(Path(filepath), entries, trainer.strategy.lightning_module_state_dict())
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+
+    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        if self._writer is None:
+            super()._remove_checkpoint(trainer, filepath)
+        elif trainer.is_global_zero:
+            self._writer.remove(Path(filepath))  # once the snapshot that displaced it is written
+
+    def _written(self, trainer: pl.Trainer) -> None:
+        """Tell the loggers of snapshots written since they were last told (Lightning tells them of each
+        checkpoint it saves; a logger that uploads checkpoints then finds the file), and raise the
+        writer's error, if any."""
+        if self._writer is None:
+            return
+        self._writer.check()
+        if self._writer.written != self._notified:
+            self._notified = self._writer.written
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+    def _flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+
+
+def snapshot_entries(trainer: pl.Trainer) -> dict[str, Any]:
+    """What a weights-only snapshot holds besides its weights, its step and its epoch: the entries of an
+    evaluation checkpoint (:data:`~aiayn.training.callbacks.ema.EVALUATION_KEYS`: the Lightning version, the
+    hyperparameters, the run's config and tokenizer), as Lightning and
+    :class:`~aiayn.training.callbacks.run_state.SelfContainedCheckpoints` write them into every checkpoint."""
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=True)
+    for callback in trainer.callbacks:
+        if isinstance(callback, SelfContainedCheckpoints):
+            callback.on_save_checkpoint(trainer, trainer.lightning_module, checkpoint)
+    return {key: checkpoint[key] for key in EVALUATION_KEYS if key in checkpoint}
 
 
 def validation_checkpoints(
