@@ -20,6 +20,7 @@ import torch
 import aiayn.training.checkpoint_io as checkpoint_io
 from aiayn.cli.average import main as average_main
 from aiayn.config.compose import compose_run_config
+from aiayn.errors import CheckpointError
 from aiayn.experiments.run import train
 from aiayn.files import atomic_write
 from aiayn.model import Transformer, TransformerConfig
@@ -28,6 +29,7 @@ from aiayn.training.callbacks.preemption import Preempted
 from aiayn.training.checkpoint_io import RunCheckpointIO
 from aiayn.training.checkpoints import (
     RUN_KEY,
+    check_resumable,
     load_checkpoint,
     load_model,
     save_checkpoint,
@@ -244,3 +246,27 @@ def test_a_gpu_snapshot_is_copied_on_its_own_stream_into_pinned_memory(tmp_path:
     loaded = load_checkpoint(tmp_path / "step0000002.ckpt")
     for name, tensor in before.items():
         torch.testing.assert_close(loaded["state_dict"][name], tensor, rtol=0, atol=0)
+
+
+def test_a_truncated_last_checkpoint_is_continued_from_best_not_from_a_snapshot(
+    smoke_run_dir: Path, tmp_path: Path
+) -> None:
+    """The advice after an unreadable ``last.ckpt`` names a checkpoint with the training state: a snapshot,
+    newer as it is, cannot be continued from."""
+    folder = smoke_run_dir / "checkpoints"
+    whole = load_checkpoint(folder / "step0000012.ckpt")
+    writer = SnapshotWriter(RunCheckpointIO(tmp_path))
+    writer.save(tmp_path / "step0000012.ckpt", {key: whole[key] for key in EVALUATION_KEYS}, whole["state_dict"])
+    writer.close()
+    save_checkpoint(load_checkpoint(folder / "best.ckpt"), tmp_path / "best.ckpt")
+    last = (folder / "last.ckpt").read_bytes()
+    (tmp_path / "last.ckpt").write_bytes(last[: len(last) // 2])
+
+    with pytest.raises(CheckpointError) as refused:
+        check_resumable(tmp_path / "last.ckpt")
+    best = tmp_path / "best.ckpt"
+    assert str(refused.value).endswith(
+        f"the newest readable checkpoint of the run is {best}: continue from it with resume={best}"
+    )
+    with pytest.raises(CheckpointError, match="has no training state"):
+        check_resumable(tmp_path / "step0000012.ckpt")

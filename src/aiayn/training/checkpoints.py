@@ -36,6 +36,7 @@ STEP_FILE = re.compile(r"^step(\d+)\.ckpt$")  # the names STEP_NAME gives
 _PROTOCOL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")  # file://, local://, s3://, simplecache::s3://
 # Training state that an averaged checkpoint does not carry: it is for evaluation, not for resuming.
 _TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", "MixedPrecision")
+RESUMABLE = ("state_dict", "optimizer_states", "loops")  # what a run continues from must hold
 
 
 def step_checkpoints(run: Path) -> list[Path]:
@@ -159,7 +160,7 @@ def check_resumable(path: Path) -> dict[str, Any]:
         checkpoint = load_checkpoint(path, mmap=True)
     except CheckpointError as error:
         raise CheckpointError(f"{error}; {earlier_checkpoints(path)}") from None
-    missing = [key for key in ("state_dict", "optimizer_states", "loops") if key not in checkpoint]
+    missing = [key for key in RESUMABLE if key not in checkpoint]
     if missing:
         raise CheckpointError(
             f"checkpoint {path} has no training state ({', '.join(missing)}): it cannot be resumed "
@@ -173,14 +174,18 @@ def check_resumable(path: Path) -> dict[str, Any]:
 
 
 def earlier_checkpoints(path: Path) -> str:
-    """Advice after ``path`` proved unreadable: the newest other checkpoint of its folder that loads."""
-    others = [p for p in reversed(step_checkpoints(path.parent)) if p != path] if path.parent.is_dir() else []
-    for other in others:
+    """Advice after ``path`` proved unreadable: the newest other checkpoint of its folder that loads and
+    that a run can continue from (a step checkpoint of a validation, else ``best.ckpt``; the weights-only
+    snapshots of ``checkpoint.average_every`` are for averaging)."""
+    folder = path.parent
+    found = [*reversed(step_checkpoints(folder)), folder / "best.ckpt"] if folder.is_dir() else []
+    for other in [other for other in found if other != path and other.is_file()]:
         try:
-            load_checkpoint(other, mmap=True)
+            checkpoint = load_checkpoint(other, mmap=True)
         except CheckpointError:
             continue
-        return f"the newest readable checkpoint of the run is {other}: continue from it with resume={other}"
+        if all(key in checkpoint for key in RESUMABLE):
+            return f"the newest readable checkpoint of the run is {other}: continue from it with resume={other}"
     return "no other checkpoint of the run is readable: start the run again"
 
 
