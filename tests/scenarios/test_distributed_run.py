@@ -93,6 +93,27 @@ def test_two_ddp_ranks_train_on_disjoint_equal_shares_stop_together_at_a_signal_
         assert len(sampler) > STEPS and shares[rank] == list(sampler)[:STEPS]
 
 
+def test_only_rank_0_takes_and_writes_the_snapshots_for_averaging(
+    tmp_path: Path, multi30k_root: Path, cache_dir: Path
+) -> None:
+    """With ``checkpoint.average_every`` the ranks agree on every step checkpoint without a vote, rank 0
+    alone copies and writes them (weights only), and the run averages them."""
+    every = ("checkpoint.average_every=2", "checkpoint.keep_last=3", "checkpoint.average_last=3")
+    record = f"callbacks=[{{_target_:helpers.snapshot_ranks.SnapshotsPerRank,folder:'{tmp_path}'}}]"
+    run_dir = tmp_path / "run"
+    overrides = [*small_run(multi30k_root, cache_dir), f"trainer.max_steps={STEPS}", *every, record]
+    ddp_train(run_dir, overrides)
+    ranks = [json.loads((tmp_path / f"snapshots.rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks == [{"writer": True, "written": STEPS // 2}, {"writer": False, "written": 0}]
+    names = [f"step{step:07d}.ckpt" for step in (4, 6, 8)]
+    assert sorted(path.name for path in (run_dir / "checkpoints").glob("step*.ckpt")) == names
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["steps"] == STEPS and results["averaged_checkpoints"] == names
+    for name in names:
+        snapshot = torch.load(run_dir / "checkpoints" / name, weights_only=True)
+        assert "optimizer_states" not in snapshot and snapshot["global_step"] == int(name[4:11])
+
+
 def test_bf16_mixed_precision_trains_on_the_cpu(tmp_path: Path, multi30k_root: Path, cache_dir: Path) -> None:
     overrides = [*small_run(multi30k_root, cache_dir), "trainer.precision=bf16-mixed", "trainer.max_steps=24"]
     overrides += ["trainer.gradient_clip_val=5.0"]  # Lightning's autocast plugin clips only unfused optimizers
