@@ -170,6 +170,14 @@ def test_overhead_times_the_real_training_loop_against_the_bare_one(
     assert min(result["tokens_per_s"].values()) > 0 and result["full_vs_bare"] > 0 and result["data_share"] > 0
 
 
+def test_snapshots_times_the_whole_state_and_the_snapshot_at_the_same_steps(run_benchmark: Benchmark) -> None:
+    """The script itself stops unless every timed step had both saves; the snapshot is the weights only."""
+    result = run_benchmark("snapshots.py", "--model", "tiny", "--steps", "2", "--warmup", "1")
+    assert result["model"] == "tiny" and result["whole_state_ms"] > 0 and result["snapshot_ms"] > 0
+    assert result["snapshot_vs_whole"] == pytest.approx(result["snapshot_ms"] / result["whole_state_ms"], rel=0.05)
+    assert 0 < result["snapshot_mb"] < result["whole_state_mb"] / 2  # not Adam's two moments, nor the EMA
+
+
 def test_decoding_races_cached_and_recomputed_beam_search_against_generate_and_ctranslate2(
     run_benchmark: Benchmark,
 ) -> None:
