@@ -144,6 +144,11 @@ class SnapshotWriter:
         self._copied_on = device, ready
         self._submit(_Job(path, {**entries, "state_dict": copies}, layout, memory, ready=ready))
 
+    def reserve(self, weights: dict[str, torch.Tensor]) -> None:
+        """Allocate the host memory for snapshots of ``weights`` now (pinning memory takes long), not at the
+        first snapshot."""
+        self._free_memory(Layout.of(weights))
+
     def remove(self, path: Path) -> None:
         """Delete ``path`` with ``io``, after every write asked for before."""
         self.check()

@@ -126,7 +126,7 @@ class StepCheckpoints(ModelCheckpoint):
         )
         self.average_every = average_every
         self._step_seen: int | None = None  # the global step after the previous batch
-        self._writer: SnapshotWriter | None = None  # rank 0's, from the first snapshot on
+        self._writer: SnapshotWriter | None = None  # rank 0's, with average_every
         self._entries: dict[str, Any] | None = None  # a snapshot's entries besides its weights, per fit
         self._notified = 0  # snapshots written that the loggers were told of
 
@@ -144,6 +144,9 @@ class StepCheckpoints(ModelCheckpoint):
         super().on_train_start(trainer, pl_module)
         self._step_seen = trainer.global_step  # a resumed run's step is saved already
         self._entries = None
+        if self.average_every is not None and trainer.is_global_zero:
+            self._writer = self._writer or SnapshotWriter(trainer.strategy.checkpoint_io)
+            self._writer.reserve(trainer.strategy.lightning_module_state_dict())
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -216,7 +219,7 @@ class StepCheckpoints(ModelCheckpoint):
             if self._entries is None:
                 self._entries = snapshot_entries(trainer)
             entries = {**self._entries, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
-            self._writer = self._writer or SnapshotWriter(trainer.strategy.checkpoint_io)
+            assert self._writer is not None  # made at the start of training
             self._writer.save(Path(filepath), entries, trainer.strategy.lightning_module_state_dict())
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
