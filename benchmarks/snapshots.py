@@ -7,7 +7,8 @@ One run of `aiayn-train`'s training function (`model=base` by default, Multi30k,
 after each of the steps `--warmup + 1` ... `--warmup + --steps`, once the background writer has finished the
 previous snapshot (untimed), a callback times `trainer.save_checkpoint` of the whole state into a scratch
 file, and then the run's own snapshot (`StepCheckpoints._save`, and the next optimizer step's wait for its
-copy) is timed. Medians over the steps; the first snapshot (which allocates its host memory) apart.
+copy) is timed. Medians over the steps; the first snapshot (which gathers the entries besides the weights
+once per fit) apart.
 Usage: python benchmarks/snapshots.py [--data ../shared/data/multi30k] [--model base] [--steps 4]
        [--warmup 1] [more aiayn-train overrides]
 """
@@ -132,7 +133,7 @@ def main() -> None:
     for name, seconds, size in rows:
         shown = " ".join(f"{1000 * s:.0f}" for s in seconds)
         print(f"{name:<34}{1000 * median(seconds):>12.1f}{shown:>30}{timer.sizes[size] / 1e6:>8.0f}")
-    print(f"first snapshot (allocates its host memory): {result['first_snapshot_ms']:.1f} ms")
+    print(f"first snapshot (gathers the config, tokenizer, hyperparameters): {result['first_snapshot_ms']:.1f} ms")
     print(f"snapshot / whole state = {result['snapshot_vs_whole']:.4f}")
     print(json.dumps(result))
 
