@@ -101,17 +101,31 @@ def _counted_copy(original: Callable[..., Any], name: str, syncs: HostSyncs) -> 
     return counted
 
 
-@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed attention"])
+CLIPPED = (
+    "trainer.gradient_clip_val=0.5",
+    "cpu_bf16=true",
+)  # clipping under autocast, which Lightning's refuses to fused Adam
+
+
+@pytest.mark.parametrize(
+    ("packed", "more"), [(False, ()), (True, ()), (False, CLIPPED)], ids=["padded", "packed attention", "clipped bf16"]
+)
 def test_training_steps_make_the_host_wait_for_the_device_only_when_their_metrics_are_logged(
-    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, packed: bool
+    tmp_path: Path,
+    corpus_root: Path,
+    cache_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    packed: bool,
+    more: tuple[str, ...],
 ) -> None:
     # One epoch (the corpus's 500 pairs) holds the steps; a validation after the last one only. The
     # progress bar shows the loss and tokens/s (read when they are logged). With packed attention the
     # nested sequences' layout comes with the batch: a nested tensor that had to find its shortest
-    # sequence would read its offsets.
+    # sequence would read its offsets. Clipped gradients under bf16 autocast keep Adam fused, which takes
+    # the non-finite guard's flag on the device (an unfused one would have the host decide every step).
     extra = (
         f"trainer.max_steps={STEPS}", f"checkpoint.every_steps={STEPS}", "decoding.max_len_offset=3", "progress=rich",
-        f"model.packed_attention={str(packed).lower()}",
+        f"model.packed_attention={str(packed).lower()}", *more,
     )  # fmt: skip
     overrides = resumable_run(corpus_root, cache_dir, *extra, pairs=500, eval_pairs=4, log_every=LOG_EVERY)
     cfg = compose_run_config(overrides)
