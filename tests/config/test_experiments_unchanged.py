@@ -34,6 +34,8 @@ ADDED = {
     "data.prefetch_factor": None,  # how fast batches come, not what they hold
     "data.batch_shapes": None,  # each batch padded to its own longest sentences, as before
     "cpu_bf16": False,  # fp32 on hardware=cpu whatever the CPU
+    # How the step runs, not what it computes:
+    "gc_every": 50,  # Python's garbage collection between steps
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

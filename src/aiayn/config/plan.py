@@ -31,6 +31,7 @@ from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.errors import ConfigError, whole
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.callbacks.ema import EmaSettings
+from aiayn.training.callbacks.garbage import ScheduledCollection
 from aiayn.training.callbacks.progress import progress_style
 from aiayn.training.callbacks.samples import ValidationSamples
 from aiayn.training.module import TranslationModule
@@ -102,6 +103,7 @@ class RunPlan:
     tokens_per_step: int | None  # the effective batch (aiayn.training.batching)
     progress: str  # rich, tqdm or quiet
     samples: ValidationSamples
+    collection: ScheduledCollection | None  # Python's garbage collection between steps; None: Python's own
     seed: int
     max_nonfinite_steps: int
     peak_tflops: float | None
@@ -125,6 +127,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
     data = instantiated(cfg.data)
+    collection = ScheduledCollection(cfg.gc_every) if cfg.gc_every is not None else None
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
     trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
@@ -152,6 +155,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
         tokens_per_step=cfg.tokens_per_step,
         progress=progress,
         samples=samples,
+        collection=collection,
         seed=cfg.seed,
         max_nonfinite_steps=cfg.max_nonfinite_steps,
         peak_tflops=cfg.peak_tflops,
