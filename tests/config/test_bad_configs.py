@@ -58,6 +58,8 @@ BAD_CONFIGS = [
     (["checkpoint.monitor=val/blue"], "checkpoint.monitor", "val/blue"),  # else found at the first validation
     (["name=${{oops}}"], "oops", "cannot be resolved"),  # an interpolation in the run folder's name
     (["tokens_per_step=10"], "tokens_per_step", "10"),
+    (["sdpa_backends=[flash,fast]"], "sdpa_backends", "fast"),
+    (["sdpa_backends=[]"], "sdpa_backends", "[]"),
     (["gc_every=0"], "gc_every", "0"),
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
     (["cpu_bf16=yes"], "cpu_bf16", "yes"),  # hardware=cpu's choice of bf16 autocast

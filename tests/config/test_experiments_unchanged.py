@@ -36,6 +36,7 @@ ADDED = {
     "cpu_bf16": False,  # fp32 on hardware=cpu whatever the CPU
     # How the step runs, not what it computes:
     "gc_every": 50,  # Python's garbage collection between steps
+    "sdpa_backends": ["flash", "efficient", "math"],  # the attention kernels
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

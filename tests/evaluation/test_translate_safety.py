@@ -203,6 +203,8 @@ def test_the_size_bound_never_refuses_a_line_that_fits(checkpoint: Path, corpus_
         ("output={a:1}", "output"),
         ("device=[1]", "device"),
         ("checkpoint=[1]", "checkpoint"),
+        ("sdpa_backends=[flash,fast]", "sdpa_backends"),
+        ("sdpa_backends=cudnn", "sdpa_backends"),
     ],
 )
 def test_a_bad_setting_ends_in_one_line_naming_its_key(

@@ -75,3 +75,29 @@ def test_bad_options_and_overlong_lines_are_refused(tokenizer: Tokenizer) -> Non
         list(random_translator(tokenizer).translate_blocks(iter(lines), block=2))
     with pytest.raises(ValueError, match=r"decoding\.alpha=nan must be a number >= 0"):
         random_translator(tokenizer, alpha=float("nan"))
+
+
+def test_a_translator_allows_the_attention_kernels_it_is_given_cudnns_not_by_default(tokenizer: Tokenizer) -> None:
+    """A process-wide switch of torch's, set when the translator is made (aiayn-translate and aiayn-eval
+    pass their sdpa_backends setting); the translations are the same with any CPU kernel."""
+    flags = {
+        name: getattr(torch.backends.cuda, f"{name}_sdp_enabled")
+        for name in ("flash", "mem_efficient", "cudnn", "math")
+    }
+    before = {name: enabled() for name, enabled in flags.items()}
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        default = random_translator(tokenizer, max_len_offset=4)
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+        lines = ["a man walks in the park", "the dog runs with a red ball"]
+        translations = default.translate(lines)
+        cfg = default.models[0].cfg
+        math = Translator(Transformer(cfg), tokenizer, default.decoding, sdpa_backends=("math",))
+        assert not torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        math.models[0].load_state_dict(default.models[0].state_dict())
+        assert math.translate(lines) == translations
+        with pytest.raises(ValueError, match=r"^sdpa_backends=\['fast'\] must be a list of one or more of flash"):
+            Translator(Transformer(cfg), tokenizer, sdpa_backends=["fast"])
+    finally:
+        for name, enabled in before.items():
+            getattr(torch.backends.cuda, f"enable_{name}_sdp")(enabled)

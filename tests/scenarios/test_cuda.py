@@ -131,6 +131,68 @@ def test_each_attention_takes_a_fused_kernel_on_the_gpu(kind: str, kernel: str, 
     assert 0 < fused_error <= 2 * math_error + 0.01, (fused_error, math_error)
 
 
+def attention_kind(options: dict[str, Any]) -> str:
+    """Causal (the decoder's self-attention in training), masked (encoder self-attention and encoder-decoder
+    attention under the source padding mask) or unmasked (cached self-attention in decoding)."""
+    if options.get("is_causal"):
+        return "causal"
+    return "masked" if options.get("attn_mask") is not None else "unmasked"
+
+
+class KernelChoices(pl.Callback):
+    """SDPA's choice of kernel (``torch._fused_sdp_choice``, what ``F.scaled_dot_product_attention`` asks
+    itself) for every attention of a run, on the query, key, value and mask the model passes, by phase
+    (training, or validation: its teacher-forced loss and its decoding) and :func:`attention_kind`."""
+
+    def __init__(self) -> None:
+        self.phase = "setup"
+        self.seen: dict[tuple[str, str], set[str]] = {}
+
+    def on_train_batch_start(self, *args: Any) -> None:
+        self.phase = "training"
+
+    def on_validation_start(self, *args: Any) -> None:
+        self.phase = "validation"
+
+    def recording(self, sdpa: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        from torch.nn.attention import SDPBackend
+
+        names = {backend.value: name for name, backend in SDPBackend.__members__.items()}
+
+        def recorded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **options: Any) -> torch.Tensor:
+            choice = names[torch._fused_sdp_choice(q, k, v, **options)]
+            self.seen.setdefault((self.phase, attention_kind(options)), set()).add(choice)
+            return sdpa(q, k, v, **options)
+
+        return recorded
+
+
+def test_by_default_training_and_decoding_take_flash_or_memory_efficient_attention_never_cudnns(
+    corpus_root: Path, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's default choice (sdpa_backends), with whatever PyTorch would prefer (cuDNN's attention on
+    Hopper with a new cuDNN): allowed again here before the run, the run's setup must rule it out. Training
+    as hardware=gpu does (bf16 autocast, 8 heads of 64, as model=base) with attention dropout: the causal
+    decoder self-attention takes FlashAttention, the attentions under a padding mask memory-efficient
+    attention; the validations (their loss, and greedy decoding with a key/value cache) take one of the two."""
+    import aiayn.model.attention as attention
+
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    choices = KernelChoices()
+    monkeypatch.setattr(
+        attention, "scaled_dot_product_attention", choices.recording(attention.scaled_dot_product_attention)
+    )
+    base_heads = ("model.d_model=512", "model.n_heads=8", "model.d_k=64", "model.d_v=64", "model.attn_dropout=0.1")
+    extra = ("hardware=gpu", "data.num_workers=0", "trainer.max_steps=3", "checkpoint.every_steps=3", *base_heads)
+    overrides = resumable_run(corpus_root, cache_dir, *extra, pairs=200, eval_pairs=8, deterministic=False)
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[choices])
+    assert results["steps"] == 3 and not torch.backends.cuda.cudnn_sdp_enabled()
+    assert choices.seen[("training", "causal")] == {"FLASH_ATTENTION"}
+    assert choices.seen[("training", "masked")] == {"EFFICIENT_ATTENTION"}
+    validation = set().union(*(kernels for (phase, _), kernels in choices.seen.items() if phase == "validation"))
+    assert validation and validation <= {"FLASH_ATTENTION", "EFFICIENT_ATTENTION"}, choices.seen
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_steady_state_training_steps_never_make_the_host_wait(
     corpus_root: Path, cache_dir: Path, tmp_path: Path, packed: bool

@@ -52,6 +52,7 @@ def run(cfg: DictConfig) -> None:
     from aiayn.config.build import decoding_options
     from aiayn.evaluation.evaluate import Texts, compared_system, evaluate, summary_lines
     from aiayn.evaluation.tuning import TUNE_SPLIT, tune, tune_lines, tuning_grid
+    from aiayn.model import sdpa_backends
 
     with reported_as_usage_errors("aiayn-eval"):
         check_settings(cfg, "eval", HydraConfig.get().overrides.task)
@@ -72,7 +73,12 @@ def run(cfg: DictConfig) -> None:
             data_hub=cfg.data.hub,
         )
         device, output_dir = resolve_device(cfg.device), Path(cfg.output_dir) if cfg.output_dir else None
-        common = {"backend": cfg.backend, "compute_type": cfg.compute_type, "max_tokens": cfg.max_tokens}
+        common = {
+            "backend": cfg.backend,
+            "compute_type": cfg.compute_type,
+            "max_tokens": cfg.max_tokens,
+            "sdpa_backends": sdpa_backends(plain(cfg.sdpa_backends)),
+        }
         if grid is not None:
             tuning = tune(checkpoints, texts, grid, device, **common, seed=cfg.seed, output_dir=output_dir)
             print("\n".join(tune_lines(tuning)))

@@ -24,7 +24,7 @@ from typing import IO, TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoints, resolve_device
 from aiayn.cli.help import exit_with_help_if_asked
@@ -58,11 +58,15 @@ def run(cfg: DictConfig) -> None:
     # torch and the model are imported by the work that needs them: --help starts at once.
     from aiayn.config.build import decoding_options
     from aiayn.evaluation.translator import Translator, load_translation_models
+    from aiayn.model import sdpa_backends
 
     with reported_as_usage_errors("aiayn-translate"):
         check_settings(cfg, "translate", HydraConfig.get().overrides.task)
         source, target = checked_files(cfg)
         decoding = decoding_options(cfg.decoding)
+        backends = sdpa_backends(
+            OmegaConf.to_object(cfg.sdpa_backends) if OmegaConf.is_list(cfg.sdpa_backends) else cfg.sdpa_backends
+        )
         checkpoints = required_checkpoints(cfg.checkpoint)
         with ExitStack() as files:
             # Opened before the model is loaded: a FIFO or a device there is refused at once.
@@ -70,7 +74,7 @@ def run(cfg: DictConfig) -> None:
             model, tokenizer, _ = load_translation_models(
                 checkpoints, cfg.backend, resolve_device(cfg.device), cfg.compute_type
             )
-            translator = Translator(model, tokenizer, decoding, cfg.max_tokens, nbest=cfg.nbest, seed=cfg.seed)
+            translator = Translator(model, tokenizer, decoding, cfg.max_tokens, cfg.nbest, cfg.seed, backends)
             lines = Utf8Lines(stream, str(source) if source else "<stdin>")
             blocks = written(translator.translate_blocks(lines, block=cfg.buffer_lines), cfg.nbest)
             if target is None:

@@ -34,6 +34,7 @@ from aiayn.training.callbacks.ema import EmaSettings
 from aiayn.training.callbacks.garbage import ScheduledCollection
 from aiayn.training.callbacks.progress import progress_style
 from aiayn.training.callbacks.samples import ValidationSamples
+from aiayn.training.callbacks.sdpa import SdpaBackends
 from aiayn.training.module import TranslationModule
 from aiayn.training.schedule import DECAYING, OptimSettings
 
@@ -103,6 +104,7 @@ class RunPlan:
     tokens_per_step: int | None  # the effective batch (aiayn.training.batching)
     progress: str  # rich, tqdm or quiet
     samples: ValidationSamples
+    sdpa: SdpaBackends  # the attention kernels the run allows
     collection: ScheduledCollection | None  # Python's garbage collection between steps; None: Python's own
     seed: int
     max_nonfinite_steps: int
@@ -127,6 +129,9 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
     data = instantiated(cfg.data)
+    sdpa = SdpaBackends(
+        OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends
+    )
     collection = ScheduledCollection(cfg.gc_every) if cfg.gc_every is not None else None
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
@@ -155,6 +160,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
         tokens_per_step=cfg.tokens_per_step,
         progress=progress,
         samples=samples,
+        sdpa=sdpa,
         collection=collection,
         seed=cfg.seed,
         max_nonfinite_steps=cfg.max_nonfinite_steps,

@@ -23,7 +23,7 @@ from aiayn.errors import CheckpointError, ConfigError, show, whole
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write, open_plain
-from aiayn.model import DecodingOptions
+from aiayn.model import DEFAULT_SDPA_BACKENDS, DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
@@ -73,6 +73,7 @@ def evaluate(
     output_dir: Path | None = None,
     nbest: int = 1,
     seed: int = 0,
+    sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
 ) -> Evaluation:
     """Translates ``texts`` with the model of ``checkpoint`` (or the ensemble of several: the mean of their
     log-probabilities), decoded by ``backend`` with ``decoding`` (the draws of ``decoding.sample`` decided
@@ -93,7 +94,7 @@ def evaluate(
     checked_nbest(nbest, decoding)
     paths = checkpoint_paths(checkpoint)
     model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
-    translator = Translator(model, tokenizer, decoding, max_tokens=max_tokens, nbest=nbest, seed=seed)
+    translator = Translator(model, tokenizer, decoding, max_tokens, nbest, seed, sdpa_backends)
     tgt_lang = (direction(run_config, paths[0]) or (None, None))[1]
     name, source, reference = evaluation_texts(texts, run_config, paths[0])
     second = second_system(compare, translator, run_config, paths[0], reference, device) if compare else None
@@ -305,7 +306,9 @@ def second_system(
             "compare systems of one direction"
         )
         raise ConfigError("compare", str(system), allowed)
-    second = Translator(model, tokenizer, first.decoding, max_tokens=first.max_tokens, seed=first.seed)
+    second = Translator(
+        model, tokenizer, first.decoding, first.max_tokens, seed=first.seed, sdpa_backends=first.sdpa_backends
+    )
     if (got := settings_of(second, device)) != wanted:
         differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
         raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")

@@ -12,9 +12,17 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import CheckpointError, ConfigError, show, whole
+from aiayn.errors import CheckpointError, ConfigError, FieldError, show, whole
 from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
-from aiayn.model import PAPER_DECODING, DecodingOptions, Hypothesis, Transformer, search
+from aiayn.model import (
+    DEFAULT_SDPA_BACKENDS,
+    PAPER_DECODING,
+    DecodingOptions,
+    Hypothesis,
+    Transformer,
+    search,
+    use_sdpa_backends,
+)
 from aiayn.training.checkpoints import load_model
 
 BACKENDS = ("auto", "aiayn", "ctranslate2")  # auto: the engine for an exported folder, ours for a .ckpt
@@ -54,6 +62,10 @@ class Translator:
     ``model`` is ours (decoded by :func:`aiayn.model.search`), several of ours (an ensemble: the mean of
     their log-probabilities at each step), or an exported CTranslate2 model (decoded by the engine with
     the same options; see :mod:`aiayn.export.ctranslate2`).
+
+    Our models decode with the attention kernels ``sdpa_backends`` allows, set for the whole process when
+    the translator is made (:func:`aiayn.model.use_sdpa_backends`; cuDNN's is not among the default's:
+    beam search brings a new key length every step, and cuDNN builds a graph for each).
     """
 
     def __init__(
@@ -64,6 +76,7 @@ class Translator:
         max_tokens: int = 8192,
         nbest: int = 1,
         seed: int = 0,
+        sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
     ) -> None:
         if not whole(max_tokens, 1):
             raise ConfigError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
@@ -75,6 +88,11 @@ class Translator:
         self.models = [model] if isinstance(model, Transformer | EngineModel) else list(model)
         if len(self.models) > 1 and any(isinstance(member, EngineModel) for member in self.models):
             raise ConfigError("backend", "ctranslate2", "decodes one model; an ensemble decodes with backend=aiayn")
+        try:
+            use_sdpa_backends(sdpa_backends)
+        except FieldError as error:
+            raise ConfigError(error.field, error.value, error.allowed) from None
+        self.sdpa_backends = tuple(sdpa_backends)
         for member in self.models:
             if isinstance(member, Transformer):
                 member.eval()

@@ -33,7 +33,7 @@ from aiayn.evaluation.evaluate import (
 from aiayn.evaluation.translator import Translator, load_translation_models
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
-from aiayn.model import DecodingOptions
+from aiayn.model import DEFAULT_SDPA_BACKENDS, DecodingOptions
 from aiayn.scoring import BLEU_SETTINGS
 
 # The decoding settings tune= may vary (decoding=sample, or not, is chosen once for the whole grid).
@@ -122,6 +122,7 @@ def tune(
     max_tokens: int = 8192,
     seed: int = 0,
     output_dir: Path | None = None,
+    sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
 ) -> Tuning:
     """Scores every setting of ``grid`` (:func:`tuning_grid`) on the validation split (or the user's own
     ``source`` and ``reference``, a development set: never another split, the test split least of all)
@@ -136,7 +137,8 @@ def tune(
     paths = checkpoint_paths(checkpoint)
     model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
     name, source, reference = evaluation_texts(texts, run_config, paths[0])
-    settings = settings_of(Translator(model, tokenizer, grid.base, max_tokens, seed=seed), device)  # decoding=
+    base = Translator(model, tokenizer, grid.base, max_tokens, seed=seed, sdpa_backends=sdpa_backends)
+    settings = settings_of(base, device)  # decoding=
     digest = texts_digest(source, reference)
     identity = {"checkpoint": system_identity(paths), "texts": digest, "settings": settings, "tune": grid.values}
     folder = output_folder(paths[0], output_dir)
@@ -152,7 +154,8 @@ def tune(
         row = {"decoding": grid.changes(options), "same_as": translated.get(key)}
         if row["same_as"] is None:
             began = time.perf_counter()
-            hypotheses = Translator(model, tokenizer, options, max_tokens, seed=seed).translate(source)
+            translator = Translator(model, tokenizer, options, max_tokens, seed=seed, sdpa_backends=sdpa_backends)
+            hypotheses = translator.translate(source)
             score = bleu.corpus_score(hypotheses, [reference])
             row |= {
                 "sacrebleu": score.score,

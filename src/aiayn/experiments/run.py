@@ -280,6 +280,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
             SelfContainedCheckpoints(plan.resolved, plan.overrides),
             RandomState(),
             plan.samples,
+            plan.sdpa,
             *([plan.collection] if plan.collection is not None else []),
             *progress_callbacks(plan.progress),
             *(as_callback(instantiate(callback)) for callback in plan.callbacks),

@@ -4,7 +4,14 @@ The bottom layer of aiayn: it imports only torch and :mod:`aiayn.errors`, so a r
 a loop of their own. Invalid values raise :class:`~aiayn.errors.FieldError` naming the field.
 """
 
-from aiayn.model.attention import MultiHeadAttention, Packing
+from aiayn.model.attention import (
+    DEFAULT_SDPA_BACKENDS,
+    SDPA_BACKENDS,
+    MultiHeadAttention,
+    Packing,
+    sdpa_backends,
+    use_sdpa_backends,
+)
 from aiayn.model.beam_search import Hypothesis, beam_search, nbest_search
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, search, translate_ids
@@ -21,8 +28,10 @@ from aiayn.model.sampling import sample
 from aiayn.model.transformer import Transformer
 
 __all__ = [
+    "DEFAULT_SDPA_BACKENDS",
     "PAPER_DECODING",
     "POSITIONAL_ENCODINGS",
+    "SDPA_BACKENDS",
     "DecodingOptions",
     "Ensemble",
     "Hypothesis",
@@ -39,7 +48,9 @@ __all__ = [
     "nbest_search",
     "parameters_by_component",
     "sample",
+    "sdpa_backends",
     "search",
     "training_flops_per_token",
     "translate_ids",
+    "use_sdpa_backends",
 ]

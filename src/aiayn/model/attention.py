@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +11,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.errors import FieldError
 from aiayn.model.positional import RotaryEmbedding
+
+# SDPA's kernels by the names the settings give them, as torch switches each on or off process-wide.
+SDPA_BACKENDS = {
+    "flash": torch.backends.cuda.enable_flash_sdp,
+    "efficient": torch.backends.cuda.enable_mem_efficient_sdp,
+    "cudnn": torch.backends.cuda.enable_cudnn_sdp,
+    "math": torch.backends.cuda.enable_math_sdp,
+}
+# Not cuDNN: it builds an execution graph per exact (batch, heads, lengths), tens to hundreds of ms each,
+# and token-budget batches and beam search (a key length per step) bring new shapes all along.
+# FlashAttention serves the causal decoder self-attention, memory-efficient attention the padding masks.
+DEFAULT_SDPA_BACKENDS = ("flash", "efficient", "math")
+
+
+def sdpa_backends(names: Sequence[str]) -> tuple[str, ...]:
+    """``names`` as a tuple, checked: one or more of :data:`SDPA_BACKENDS`."""
+    if isinstance(names, str) or not isinstance(names, Sequence) or not names or set(names) - set(SDPA_BACKENDS):
+        raise FieldError("sdpa_backends", names, f"must be a list of one or more of {', '.join(SDPA_BACKENDS)}")
+    return tuple(names)
+
+
+def use_sdpa_backends(names: Sequence[str] = DEFAULT_SDPA_BACKENDS) -> None:
+    """Let ``F.scaled_dot_product_attention`` choose among the kernels ``names`` lists only, in this
+    process, for every attention that follows (the backward takes the forward's kernel). A process-wide
+    switch rather than ``torch.nn.attention.sdpa_kernel`` around each call, which costs host time at
+    every one of a step's attentions."""
+    chosen = sdpa_backends(names)
+    for name, enable in SDPA_BACKENDS.items():
+        enable(name in chosen)
 
 
 @dataclass(frozen=True)
