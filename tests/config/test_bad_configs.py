@@ -58,6 +58,10 @@ BAD_CONFIGS = [
     (["checkpoint.monitor=val/blue"], "checkpoint.monitor", "val/blue"),  # else found at the first validation
     (["name=${{oops}}"], "oops", "cannot be resolved"),  # an interpolation in the run folder's name
     (["tokens_per_step=10"], "tokens_per_step", "10"),
+    (["data.max_tokens=null"], "data.max_tokens", "null"),  # the device's share of a tokens_per_step not set
+    (["tokens_per_step=25000", "data.max_tokens=null", "micro_batch_cap=100"], "micro_batch_cap", "100"),  # < max_len
+    (["tokens_per_step=25000", "micro_batch_cap=700"], "data.max_tokens", "800"),  # over the cap
+    (["micro_batch_cap=0"], "micro_batch_cap", "0"),
     (["sdpa_backends=[flash,fast]"], "sdpa_backends", "fast"),
     (["sdpa_backends=[]"], "sdpa_backends", "[]"),
     (["gc_every=0"], "gc_every", "0"),

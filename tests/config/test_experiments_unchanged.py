@@ -37,12 +37,16 @@ ADDED = {
     # How the step runs, not what it computes:
     "gc_every": 50,  # Python's garbage collection between steps
     "sdpa_backends": ["flash", "efficient", "math"],  # the attention kernels
+    "micro_batch_cap": None,  # a cap on micro-batches: none
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}
 # Deliberate changes: (experiment, key) → the value it has now.
 CHANGED = {
     ("table3/big", "checkpoint.evaluate"): "final",  # scored like every other row of Table 3
+    # The paper's 25000 tokens per step as one micro-batch per device (8 GPUs: 3125 each, as before) rather
+    # than 3125-token micro-batches accumulated on fewer devices.
+    **{(name, "data.max_tokens"): None for name, config in SNAPSHOT.items() if config["tokens_per_step"] == 25000},
 }
 
 

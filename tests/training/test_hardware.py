@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytorch_lightning as pl
@@ -16,11 +17,12 @@ from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 
 from aiayn.config.build import trainer_options
-from aiayn.config.compose import compose_config
+from aiayn.config.compose import compose_config, compose_run_config
 from aiayn.errors import ConfigError
+from aiayn.experiments.run import train
 from aiayn.machine import cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
-from aiayn.training.batching import accumulation_steps, configure_batching
-from helpers.runs import train_in_process
+from aiayn.training.batching import BatchSettings, accumulation_steps, configure_batching, micro_batches
+from helpers.runs import resumable_run, train_in_process
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
     "cpu": ("cpu", 1, 1, "bf16-mixed" if cpu_multiplies_bf16() else "32-true", None),
@@ -169,7 +171,7 @@ def test_accumulation_reaches_the_tokens_per_step_on_any_number_of_devices(
 def test_a_real_trainer_gets_its_accumulation_from_its_world_size(devices: int, expected: int) -> None:
     strategy = "ddp" if devices > 1 else "auto"
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1)
-    batching = configure_batching(trainer, tokens_per_step=25000, max_tokens=3125, every_steps=100)
+    batching = configure_batching(trainer, BatchSettings(tokens_per_step=25000, max_tokens=3125), every_steps=100)
     assert trainer.accumulate_grad_batches == batching["accumulation"] == expected
     assert batching["max_tokens_per_step"] == 25000 and batching["world_size"] == devices
     assert trainer.val_check_interval == 100 * expected  # validation every 100 optimizer steps
@@ -178,7 +180,7 @@ def test_a_real_trainer_gets_its_accumulation_from_its_world_size(devices: int, 
 def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
     trainer = pl.Trainer(accelerator="cpu", accumulate_grad_batches=4, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"trainer\.accumulate_grad_batches=4 conflicts with tokens_per_step=25000"):
-        configure_batching(trainer, tokens_per_step=25000, max_tokens=3125, every_steps=None)
+        configure_batching(trainer, BatchSettings(tokens_per_step=25000, max_tokens=3125), every_steps=None)
     with pytest.raises(ValueError, match=r"tokens_per_step=0"):
         accumulation_steps(0, 3125, 1)
 
@@ -192,8 +194,89 @@ def test_a_batch_that_cannot_come_near_tokens_per_step_is_refused_with_the_fix(
     assert accumulation_steps(25000, fitting, world) * fitting * world == pytest.approx(25000, rel=0.1)
 
 
-def test_the_paper_experiment_trains_25000_tokens_per_step_on_one_or_eight_gpus() -> None:
-    for hardware, accumulation in (("gpu", 8), ("gpu8_ddp", 1)):
-        cfg = compose_config("train", ["experiment=paper/base_wmt14_en_de", f"hardware={hardware}"])
-        devices = cfg.trainer.devices * cfg.trainer.get("num_nodes", 1)
-        assert accumulation_steps(cfg.tokens_per_step, cfg.data.max_tokens, devices) == accumulation
+@pytest.mark.parametrize(
+    ("world", "cap", "expected"),
+    [(1, None, (25000, 1)), (2, None, (12500, 1)), (8, None, (3125, 1)), (3, None, (8333, 1)), (16, None, (1562, 1)),
+     (1, 25000, (25000, 1)), (1, 12500, (12500, 2)), (1, 8000, (6250, 4)), (1, 3125, (3125, 8)), (2, 5000, (4166, 3))],
+)  # fmt: skip
+def test_each_device_takes_its_share_as_one_micro_batch_unless_it_is_over_the_cap(
+    world: int, cap: int | None, expected: tuple[int, int]
+) -> None:
+    tokens, accumulation = micro_batches(25000, world, cap)
+    assert (tokens, accumulation) == expected
+    assert 25000 - world * accumulation <= tokens * accumulation * world <= 25000  # the effective batch, floored
+    if cap is not None:  # the fewest micro-batches within the cap
+        assert tokens <= cap and (accumulation == 1 or 25000 // world // (accumulation - 1) > cap)
+
+
+@pytest.mark.parametrize(
+    ("devices", "cap", "micro", "accumulation"),
+    [(1, None, 25000, 1), (2, None, 12500, 1), (1, 8000, 6250, 4), (2, 5000, 4166, 3)],
+)
+def test_a_real_trainer_takes_its_share_of_tokens_per_step_and_says_how(
+    devices: int, cap: int | None, micro: int, accumulation: int
+) -> None:
+    strategy = "ddp" if devices > 1 else "auto"
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1)
+    batch = BatchSettings(tokens_per_step=25000, max_tokens=None, cap=cap, max_len=256)
+    assert batch.largest == (cap or 25000)  # the data module's budget until the device count is known
+    batching = configure_batching(trainer, batch, every_steps=100)
+    assert trainer.accumulate_grad_batches == batching["accumulation"] == accumulation
+    assert batching["max_tokens_per_device"] == micro and batching["world_size"] == devices
+    assert batching["formed"] == "tokens_per_step / world_size" + (f" within micro_batch_cap={cap}" if cap else "")
+    assert trainer.val_check_interval == 100 * accumulation
+
+
+def test_a_micro_batch_too_small_for_the_longest_sentence_is_refused_with_the_fix() -> None:
+    fewer = r"fewer than the longest sentence training keeps \(data.max_len=256\)"
+    with pytest.raises(ConfigError, match=rf"^tokens_per_step=2000 leaves micro-batches of 250 tokens .*{fewer}"):
+        micro_batches(2000, 8, None, max_len=256)
+    with pytest.raises(ConfigError, match=rf"^micro_batch_cap=300 leaves micro-batches of 250 tokens .*{fewer}"):
+        micro_batches(1000, 1, 300, max_len=256)  # 4 x 250: 3 x 333 would be over the cap
+
+
+@pytest.mark.parametrize(
+    ("hardware", "cap", "micro", "accumulation"),
+    [("gpu", None, 25000, 1), ("gpu", 8000, 6250, 4), ("gpu8_ddp", None, 3125, 1), ("slurm", None, 1562, 1)],
+)
+def test_the_paper_experiment_trains_25000_tokens_per_step_in_one_micro_batch_where_it_fits(
+    hardware: str, cap: int | None, micro: int, accumulation: int
+) -> None:
+    overrides = ["experiment=paper/base_wmt14_en_de", f"hardware={hardware}", f"micro_batch_cap={cap or 'null'}"]
+    cfg = compose_config("train", overrides)
+    assert cfg.data.max_tokens is None and cfg.tokens_per_step == 25000
+    devices = cfg.trainer.devices * cfg.trainer.get("num_nodes", 1)
+    assert micro_batches(cfg.tokens_per_step, devices, cfg.micro_batch_cap, cfg.data.max_len) == (micro, accumulation)
+
+
+class BatchSizes(pl.Callback):
+    """The padded tokens of each training batch, per side."""
+
+    def __init__(self) -> None:
+        self.tokens: list[tuple[int, int]] = []
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
+        self.tokens.append((batch["src"].numel(), batch["tgt_in"].numel()))
+
+
+def test_a_run_with_a_null_max_tokens_trains_on_its_share_and_records_how_it_was_formed(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path
+) -> None:
+    """1000 tokens per step within a cap of 600: two accumulated micro-batches of 500 (not 600, the budget
+    the data module had before the trainer knew its devices)."""
+    overrides = resumable_run(corpus_root, cache_dir, "trainer.max_steps=3", "checkpoint.every_steps=3", pairs=200)
+    overrides = [o for o in overrides if not o.startswith("data.max_tokens=")]
+    overrides += ["data.max_tokens=null", "tokens_per_step=1000", "micro_batch_cap=600"]
+    sizes = BatchSizes()
+    results = train(compose_run_config(overrides), tmp_path / "run", overrides, callbacks=[sizes])
+    assert results["batch"] == {
+        "world_size": 1,
+        "max_tokens_per_device": 500,
+        "accumulation": 2,
+        "max_tokens_per_step": 1000,
+        "tokens_per_step": 1000,
+        "formed": "tokens_per_step / world_size within micro_batch_cap=600",
+    }
+    assert results["steps"] == 3 and len(sizes.tokens) == 6  # two micro-batches per optimizer step
+    assert OmegaConf.load(tmp_path / "run" / "config.yaml").data.max_tokens == 500  # what it trained on
+    assert 400 < max(max(side) for side in sizes.tokens) <= 500

@@ -30,6 +30,7 @@ from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.errors import ConfigError, whole
 from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.training.batching import BatchSettings
 from aiayn.training.callbacks.ema import EmaSettings
 from aiayn.training.callbacks.garbage import ScheduledCollection
 from aiayn.training.callbacks.progress import progress_style
@@ -101,7 +102,7 @@ class RunPlan:
     checkpoint: CheckpointPolicy
     ema: EmaSettings  # an exponential moving average of the weights, or none (decay null or 0)
     trainer: dict[str, Any]  # pl.Trainer's arguments, its strategy and plugins built
-    tokens_per_step: int | None  # the effective batch (aiayn.training.batching)
+    batch: BatchSettings  # the effective batch and the micro-batches that form it (aiayn.training.batching)
     progress: str  # rich, tqdm or quiet
     samples: ValidationSamples
     sdpa: SdpaBackends  # the attention kernels the run allows
@@ -128,7 +129,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_run_config(cfg)
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
-    data = instantiated(cfg.data)
+    batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
+    data = instantiated(cfg.data, max_tokens=batch.largest)  # the trainer's device count sets it (run.py)
     sdpa = SdpaBackends(
         OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends
     )
@@ -157,7 +159,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
         ),
         ema=ema,
         trainer=trainer,
-        tokens_per_step=cfg.tokens_per_step,
+        batch=batch,
         progress=progress,
         samples=samples,
         sdpa=sdpa,

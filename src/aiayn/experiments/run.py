@@ -145,7 +145,10 @@ def train(
         pl.seed_everything(plan.seed, workers=True)  # before the module: its initial weights are drawn
         module = plan.module.build()
         trainer = build_trainer(plan, run_dir, [*run.all(), *callbacks], loggers, module)
-        batching = configure_batching(trainer, plan.tokens_per_step, plan.data.max_tokens, plan.checkpoint.every_steps)
+        batching = configure_batching(trainer, plan.batch, plan.checkpoint.every_steps)
+        # data.max_tokens=null: the device's share, now that the device count is known; the stored config
+        # (config.yaml, checkpoints) holds it, as what the run trained on and what a resume must match.
+        plan.data.max_tokens = plan.resolved["data"]["max_tokens"] = batching["max_tokens_per_device"]
         # The batch layout is the built trainer's (its world size), the tokenizer the prepared cache's.
         resume = resume_from(
             plan.resume, run_dir, plan.resolved, plan.data.cache_folder(), batch_layout(trainer), plan.own_overrides

@@ -1,15 +1,23 @@
 """The effective batch: target tokens per optimizer step, whatever the number of devices (§5.1).
 
 The paper trains on batches of about 25000 source and 25000 target tokens, spread over 8 GPUs. With
-``tokens_per_step`` set, each optimizer step accumulates the gradients of enough per-device
-batches (``data.max_tokens`` tokens each, padding included) on all ranks to reach it, so one, two or
-eight devices train with the same batch, the same schedule and the same number of steps. A setting
-that cannot come within 10% of it (too many devices for the per-device budget) is an error.
+``tokens_per_step`` set, each optimizer step accumulates the gradients of enough per-device batches on all
+ranks to reach it, so one, two or eight devices train with the same batch, the same schedule and the same
+number of steps. A device's batch (its micro-batch, padding included) is either
+
+- ``data.max_tokens`` tokens, accumulated as often as it takes: a setting that cannot come within 10% of
+  ``tokens_per_step`` (too many devices for the per-device budget) is an error; or
+- with ``data.max_tokens: null``, the device's share, ``tokens_per_step / world size``, as one micro-batch:
+  one optimizer step is one forward and backward per device, which pays the host's per-step work once
+  instead of once per accumulated batch. Where that share does not fit the device's memory,
+  ``micro_batch_cap`` caps it: the share is split into the fewest equal micro-batches within the cap,
+  accumulated.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import pytorch_lightning as pl
@@ -18,6 +26,54 @@ from aiayn.errors import ConfigError, whole
 
 log = logging.getLogger(__name__)
 TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_per_step
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """How a run forms its batches: ``tokens_per_step`` (None: ``trainer.accumulate_grad_batches`` as
+    given), ``max_tokens`` (``data.max_tokens``; None: the device's share of ``tokens_per_step``), ``cap``
+    (``micro_batch_cap``: the most tokens a micro-batch may hold; None: no cap), and ``max_len``
+    (``data.max_len``: the longest sentence a micro-batch must hold). Checked when made, before any work."""
+
+    tokens_per_step: int | None = None
+    max_tokens: int | None = None
+    cap: int | None = None
+    max_len: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tokens_per_step is not None and not whole(self.tokens_per_step, 1):
+            raise ConfigError("tokens_per_step", self.tokens_per_step, "must be a positive whole number of tokens")
+        if self.max_tokens is None and self.tokens_per_step is None:
+            raise ConfigError(
+                "data.max_tokens", None, "takes each device's share of tokens_per_step: set tokens_per_step too"
+            )
+        if self.cap is None:
+            return
+        if not whole(self.cap, 1):
+            raise ConfigError("micro_batch_cap", self.cap, "must be a whole number of tokens >= 1, or null (no cap)")
+        if whole(self.max_len, 1) and self.cap < self.max_len:  # data.max_len is the data module's to check
+            raise ConfigError(
+                "micro_batch_cap",
+                self.cap,
+                f"is smaller than the longest sentence training keeps (data.max_len={self.max_len} tokens); "
+                "raise micro_batch_cap or lower data.max_len",
+            )
+        if whole(self.max_tokens, 1) and self.max_tokens > self.cap:
+            raise ConfigError(
+                "data.max_tokens",
+                self.max_tokens,
+                f"is over micro_batch_cap={self.cap}; lower it, or set data.max_tokens=null to split each "
+                "device's share of tokens_per_step within the cap",
+            )
+
+    @property
+    def largest(self) -> int:
+        """The most tokens a micro-batch can hold on any number of devices (the data module's budget
+        until the trainer knows how many devices share ``tokens_per_step``)."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        assert self.tokens_per_step is not None  # checked when made
+        return min(self.tokens_per_step, self.cap or self.tokens_per_step)
 
 
 def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -> int:
@@ -39,20 +95,44 @@ def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -
     return steps
 
 
-def configure_batching(
-    trainer: pl.Trainer, tokens_per_step: int | None, max_tokens: int, every_steps: int | None
-) -> dict[str, Any]:
-    """Set the trainer's gradient accumulation from ``tokens_per_step`` and its validation interval
-    from ``every_steps`` (optimizer steps, which Lightning counts in batches); return what was chosen."""
-    world = trainer.world_size
-    if tokens_per_step is not None:
-        if trainer.accumulate_grad_batches != 1:
-            raise ConfigError(
-                "trainer.accumulate_grad_batches",
-                trainer.accumulate_grad_batches,
-                f"conflicts with tokens_per_step={tokens_per_step}, which sets the gradient accumulation; "
-                "remove one of them",
-            )
+def micro_batches(tokens_per_step: int, world_size: int, cap: int | None = None, max_len: int = 1) -> tuple[int, int]:
+    """``(tokens per micro-batch, micro-batches accumulated)`` when each of ``world_size`` devices takes its
+    share of ``tokens_per_step``: the whole share at once, or, over ``cap``, the fewest equal parts within
+    it; an error when a part could not hold a sentence of ``max_len`` tokens."""
+    share = tokens_per_step // world_size
+    steps = 1 if cap is None else max(1, -(-share // cap))
+    tokens = share // steps
+    if tokens < max_len:
+        key, value = ("micro_batch_cap", cap) if steps > 1 else ("tokens_per_step", tokens_per_step)
+        raise ConfigError(
+            key,
+            value,
+            f"leaves micro-batches of {tokens} tokens ({tokens_per_step} tokens per step on {world_size} device(s)), "
+            f"fewer than the longest sentence training keeps (data.max_len={max_len}); raise {key} or lower "
+            "data.max_len",
+        )
+    return tokens, steps
+
+
+def configure_batching(trainer: pl.Trainer, batch: BatchSettings, every_steps: int | None) -> dict[str, Any]:
+    """Set the trainer's gradient accumulation as ``batch`` says on its number of devices, and its
+    validation interval from ``every_steps`` (optimizer steps, which Lightning counts in batches); return
+    what was chosen: the tokens of a device's micro-batch (``max_tokens_per_device``, the data module's
+    budget) and how they were chosen (``formed``)."""
+    world, tokens_per_step = trainer.world_size, batch.tokens_per_step
+    if tokens_per_step is not None and trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            "trainer.accumulate_grad_batches",
+            trainer.accumulate_grad_batches,
+            f"conflicts with tokens_per_step={tokens_per_step}, which sets the gradient accumulation; "
+            "remove one of them",
+        )
+    max_tokens, formed = batch.max_tokens, "data.max_tokens"
+    if max_tokens is None:
+        assert tokens_per_step is not None  # checked when made
+        max_tokens, trainer.accumulate_grad_batches = micro_batches(tokens_per_step, world, batch.cap, batch.max_len)
+        formed = "tokens_per_step / world_size" + (f" within micro_batch_cap={batch.cap}" if batch.cap else "")
+    elif tokens_per_step is not None:
         trainer.accumulate_grad_batches = accumulation_steps(tokens_per_step, max_tokens, world)
     accumulation = trainer.accumulate_grad_batches
     if every_steps is not None:
@@ -67,14 +147,16 @@ def configure_batching(
         "accumulation": accumulation,
         "max_tokens_per_step": max_tokens * world * accumulation,
         "tokens_per_step": tokens_per_step,
+        "formed": formed,
     }
     log.info(
-        "batches: %d device(s) x %d tokens x %d accumulated = at most %d tokens per optimizer step%s",
+        "batches: %d device(s) x %d tokens x %d accumulated = at most %d tokens per optimizer step (micro-batch: %s%s)",
         world,
         max_tokens,
         accumulation,
         batching["max_tokens_per_step"],
-        f" (tokens_per_step={tokens_per_step})" if tokens_per_step else "",
+        formed,
+        f"; tokens_per_step={tokens_per_step}" if tokens_per_step else "",
     )
     return batching
 
