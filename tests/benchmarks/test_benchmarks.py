@@ -229,3 +229,12 @@ def test_memory_summary_marks_epochs_and_fits_their_growth(monkeypatch: pytest.M
     assert result["epoch_peak_mb"] == [1500, 1700, 1200] and result["growth_mb_per_epoch"] == -500.0
     assert result["peak_mb"] == 1900 and result["evaluation_peak_mb"] == 1900
     assert result["training_peak_after_first_epoch_mb"] == 1700
+
+
+def test_step_host_races_the_clipped_optimizer_steps_and_times_a_collection(run_benchmark: Benchmark) -> None:
+    result = run_benchmark("step_host.py", "--rounds", "2", "--steps", "2", data=False)
+    assert result["parameter_tensors"] == 193  # model=base's structure
+    assert set(result["ms"]) == {"unfused", "fused", "foreach"} and min(result["ms"].values()) > 0
+    low, high = result["fused_vs_unfused"]["min"], result["fused_vs_unfused"]["max"]
+    assert 0 < low <= result["fused_vs_unfused"]["median"] <= high
+    assert result["gc"]["tracked_objects"] > 10_000 and result["gc"]["full_ms"] > 0
