@@ -30,7 +30,7 @@ OUTPUT_ENV = "AIAYN_OUTPUT"  # where runs, multiruns and sweeps are written (clu
 NOT_IN_RUN_NAMES = (
     "data.root", "data.cache_dir", "data.num_workers", "data.prefetch_factor", "data.encode_workers", "hydra.",
     "logger", "progress", "dashboard.", "peak_tflops", "callbacks", "resume", "max_nonfinite_steps", "hardware",
-    "sweep_dir", "paths.",
+    "sweep_dir", "paths.", "gc_every", "sdpa_backends", "micro_batch_cap",
 )  # fmt: skip
 MAX_LABEL_BYTES = 200  # file names may hold 255 bytes
 PARAMS_BYTES = 1 << 20  # a trial's parameters, as aiayn-sweep and wandb agent write them: a few lines
