@@ -13,7 +13,7 @@ import os
 import platform
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import ConfigError
 
@@ -147,13 +147,20 @@ def device_name(device: torch.device) -> str:
     return cpuinfo_field(read_cpuinfo(), "model name") or platform.processor() or platform.machine()
 
 
+def _glibc_function(name: str) -> Any:
+    """A function of glibc, or None where there is none (not Linux, another C library)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):
+        return None
+
+
 def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
     """glibc's ``mallopt`` for the two thresholds; False where there is no glibc (or it refuses)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc_function("mallopt")
+    if mallopt is None:
         return False
     mmap_set = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
     trim_set = bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
@@ -190,3 +197,18 @@ def retain_freed_memory() -> bool:
     """
     size_kernel_caches()
     return set_malloc_thresholds(RETAINING_THRESHOLD, RETAINING_THRESHOLD)
+
+
+def release_freed_memory() -> bool:
+    """Give the free pages of glibc's heap back to the kernel (``malloc_trim``), wherever they lie in it.
+
+    What :func:`retain_freed_memory` keeps is meant for the next training steps. Decoding (validations,
+    tests) frees blocks of other sizes, in between the ones the steps reuse: kept, they would add to the
+    process's resident memory after every validation. Called after each, it costs one pass over the
+    heap's free blocks and the page faults of the pages the next steps touch again. Returns whether
+    there was a glibc to ask."""
+    malloc_trim = _glibc_function("malloc_trim")
+    if malloc_trim is None:
+        return False
+    malloc_trim(0)
+    return True

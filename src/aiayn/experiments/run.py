@@ -37,6 +37,7 @@ from aiayn.training.batching import batch_layout, configure_batching
 from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.ema import ExponentialMovingAverage, ema_checkpoint
 from aiayn.training.callbacks.faults import NonFiniteGuard
+from aiayn.training.callbacks.garbage import FreedMemoryRelease
 from aiayn.training.callbacks.namespaces import as_callback
 from aiayn.training.callbacks.preemption import Preemption
 from aiayn.training.callbacks.progress import progress_callbacks
@@ -285,6 +286,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
             plan.samples,
             plan.sdpa,
             *([plan.collection] if plan.collection is not None else []),
+            FreedMemoryRelease(),
             *progress_callbacks(plan.progress),
             *(as_callback(instantiate(callback)) for callback in plan.callbacks),
         ],

@@ -1,5 +1,5 @@
-"""Python's garbage collector during a fit: collections at known points between steps, none in the middle
-of one.
+"""What a run frees, returned at known points between steps: Python's garbage (collections, none in the
+middle of a step) and the free pages of the C heap after decoding.
 
 Python collects when allocations outnumber deallocations by a threshold, wherever that happens: inside a
 step, a full collection walks every tracked object (hundreds of thousands once torch, Lightning and the
@@ -22,6 +22,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
 from aiayn.errors import ConfigError, whole
+from aiayn.machine import release_freed_memory
 
 
 class ScheduledCollection(pl.Callback):
@@ -72,3 +73,15 @@ class ScheduledCollection(pl.Callback):
             gc.unfreeze()
         if enabled:
             gc.enable()
+
+
+class FreedMemoryRelease(pl.Callback):
+    """Gives the heap's free pages back to the kernel after every validation and test
+    (:func:`~aiayn.machine.release_freed_memory`): the decoding's freed blocks would otherwise stay in the
+    process's resident memory, and a run's memory would grow with its validations."""
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        release_freed_memory()
+
+    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        release_freed_memory()
