@@ -1,6 +1,6 @@
-"""The GPU check behind `benchmarks/gpu_check.sh`, on one CUDA GPU, in under 8 minutes:
+"""The GPU check behind `benchmarks/gpu_check.sh` (after `gpu_diagnose.py`), on one CUDA GPU, in under 7 minutes:
 
-1. the CUDA-marked tests (`tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed training steps, training
+1. the CUDA-marked tests (`-m cuda`, most in `tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed training steps, training
    steps under `torch.cuda.set_sync_debug_mode("error")` (no host sync outside the logging steps), the
    SDPA kernel each attention takes (FlashAttention for the decoder's causal self-attention and for
    encoder and cross attention over packed sequences, memory-efficient attention under their padding
@@ -9,8 +9,7 @@
    failed are listed;
 2. training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k pairs, 5000-piece
    BPE, the paper's 25000-token batches) at `model=base` and `model=big`, and at `model=base` with
-   `model.packed_attention=true` (encoder and cross attention over packed sequences, by FlashAttention-2)
-   and with `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
+   `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
    (median of the logged steps after the first 20, so compiling is not counted, and of their later
    half), each run stopping itself in time for its part's limit, and where the host's time per step went
    (Lightning's simple profiler: the loader, the backward pass, the optimizer step, the callbacks);
@@ -44,7 +43,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 # seconds: 8 minutes in all, with the set-up; training's include the tokenizer (trained once, cached)
 TIMEOUTS = {
-    "tests": 150, "train": 90, "train_packed": 55, "train_big": 60, "train_compiled": 65, "fusion": 25, "decoding": 35
+    "tests": 150, "train": 90, "train_big": 60, "train_compiled": 65, "fusion": 25, "decoding": 35
 }  # fmt: skip
 # Of a training part's time, what is not training: starting (imports, CUDA, the tokenizer the first time:
 # 17 s on an H200 host, 2026-12-04), the final validation and tests (15 s) and a margin. Training stops
@@ -65,7 +64,7 @@ def timed_out(part: Callable[[], dict[str, Any]], name: str) -> dict[str, Any]:
 
 def cuda_tests(folder: Path) -> dict[str, Any]:
     report = folder / "cuda-tests.xml"
-    command = [sys.executable, "-m", "pytest", "-n", "0", "-m", "cuda", "tests/scenarios/test_cuda.py", "-q",
+    command = [sys.executable, "-m", "pytest", "-n", "0", "-m", "cuda", "tests", "-q",
                "-p", "no:cacheprovider", f"--junitxml={report}"]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=TIMEOUTS["tests"])
@@ -221,10 +220,6 @@ def main() -> None:
         if not args.skip_train:
             result["train_base_bf16"] = timed_out(lambda: training(folder, "base", args.steps, "train"), "train")
             big = args.steps // 2
-            packed = ("model.packed_attention=true",)
-            result["train_base_bf16_packed"] = timed_out(
-                lambda: training(folder, "base", big, "train_packed", *packed), "train_packed"
-            )
             result["train_big_bf16"] = timed_out(lambda: training(folder, "big", big, "train_big"), "train_big")
             compiled = ("model.compile=true",)
             result["train_base_bf16_compiled"] = timed_out(
