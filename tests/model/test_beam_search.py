@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig, beam_search, greedy_decode, length_penalty
+from aiayn.model.beam_search import SENTENCE_MULTIPLE
 from helpers.reference_search import BOS, EOS, biased_model, exhaustive_best, recomputing_greedy, sequence_log_prob
 
 
@@ -50,6 +51,26 @@ def test_a_sentence_gets_the_same_translation_alone_and_in_a_padded_batch() -> N
     batched = beam_search(model, src, BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=5))
     for row, hypothesis in zip(src, batched, strict=True):
         alone = beam_search(model, row[row.ne(0)][None], BOS, EOS, DecodingOptions(beam_size=3, max_len_offset=5))[0]
+        assert alone.tokens == hypothesis.tokens
+        assert alone.score == pytest.approx(hypothesis.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_finished_sentences_leave_the_batch_in_multiples_and_change_no_translation(beam: int) -> None:
+    """37 sentences of 1-12 tokens: the decoder's batch shrinks through multiples of SENTENCE_MULTIPLE
+    sentences only, and every sentence ends as it does alone (the finished ones riding along add nothing)."""
+    model = random_model(sharpen=3.0)
+    lengths = [int(n) for n in torch.randint(1, 13, (37,), generator=torch.Generator().manual_seed(3))]
+    src = padded_sources(40, lengths)
+    options = DecodingOptions(beam_size=beam, alpha=0.6, max_len_offset=8)
+    sizes: list[int] = []
+    hook = model.output_proj.register_forward_pre_hook(lambda _, args: sizes.append(args[0].size(0) // beam))
+    batched = beam_search(model, src, BOS, EOS, options)
+    hook.remove()
+    assert sizes[0] == 37 and len(set(sizes)) > 2  # sentences did leave, in several groups
+    assert all(size % SENTENCE_MULTIPLE == 0 for size in sizes[1:] if size != 37)
+    for row, hypothesis in zip(src, batched, strict=True):
+        alone = beam_search(model, row[row.ne(0)][None], BOS, EOS, options)[0]
         assert alone.tokens == hypothesis.tokens
         assert alone.score == pytest.approx(hypothesis.score, abs=1e-4)
 

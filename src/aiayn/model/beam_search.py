@@ -11,6 +11,12 @@ extensions of a sentence, those ending in EOS among the best ``beam_size`` becom
 when no live beam can still beat its ``nbest``-th finished hypothesis: a live beam's log-probability can
 only fall, so its best possible score is its log-probability now over the largest length penalty it
 could still reach. Finished sentences leave the batch, and the search ends when none is left.
+
+They leave it in groups, so that the decoder's batch takes few sizes: the rows still searched stay a
+multiple of :data:`SENTENCE_MULTIPLE` sentences, finished ones riding along (their extensions are never
+kept) until enough have finished. Every new size of a matrix product costs its kernels: oneDNN builds and
+caches them on the CPU (a cache that outgrew its capacity kept rebuilding them and fragmenting the heap of
+long runs, aiayn.machine.size_kernel_caches), and a GPU builds graphs or compiled regions per shape.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ from aiayn.errors import FieldError, whole
 from aiayn.model.decoding_options import PAPER_DECODING, DecodingOptions, length_penalty, step_rules
 from aiayn.model.ensemble import Ensemble
 from aiayn.model.transformer import Transformer
+
+# Finished sentences leave the batch only as many at a time as keep the rest a multiple of this (or all).
+SENTENCE_MULTIPLE = 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,7 @@ def nbest_search(
     scores = torch.full((n_sent, k), float("-inf"), device=device)
     scores[:, 0] = 0.0
     active = torch.arange(n_sent, device=device)  # sentence ids still searched, in batch order
+    riding = torch.zeros(n_sent, dtype=torch.bool, device=device)  # finished, kept for the batch's size
     longest = int(max_len.max())
     # The nbest finished hypotheses of each sentence, best first.
     found_score = torch.full((n_sent, nbest), float("-inf"), device=device)
@@ -103,7 +113,7 @@ def nbest_search(
         ends = cand_token.eq(eos_id)
 
         # EOS extensions ranked among the best k become finished hypotheses.
-        finishing = ends & cand_scores.isfinite()
+        finishing = ends & cand_scores.isfinite() & ~riding[:, None]
         finishing[:, k:] = False
         if bool(finishing.any()):
             normalized = cand_scores / length_penalty(float(step + 1), alpha, penalty)
@@ -121,19 +131,25 @@ def nbest_search(
         beam, token = cand_beam.gather(1, live_pos), cand_token.gather(1, live_pos)
         # A live beam may still end at any length up to max_len + 1, and lp grows with length (α >= 0).
         largest_penalty = length_penalty((max_len[active] + 1).float(), alpha, penalty)
-        done = found_score[active, -1] >= scores[:, 0] / largest_penalty
+        done = riding | (found_score[active, -1] >= scores[:, 0] / largest_penalty)
 
         rows = (torch.arange(n, device=device)[:, None] * k + beam).view(-1)  # new beam → old row
         tokens = torch.cat([tokens[rows], token.view(-1, 1)], dim=1)
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
+        searched = n - int(done.sum())
+        if searched == 0:
+            break
+        kept = min(n, -(-searched // SENTENCE_MULTIPLE) * SENTENCE_MULTIPLE)
+        if kept < n:
+            # All sentences still searched, and the first finished ones as far as the multiple needs.
+            keep = torch.cat([(~done).nonzero().squeeze(1), done.nonzero().squeeze(1)[: kept - searched]]).sort()[0]
             kept_rows = (keep[:, None] * k + torch.arange(k, device=device)).view(-1)
             active, scores, tokens, rows = active[keep], scores[keep], tokens[kept_rows], rows[kept_rows]
+            riding = done[keep]
             decoder.select(rows)
-        elif k > 1:
-            decoder.select(rows, cross=False)  # beams only moved within their sentences
+        else:
+            riding = done
+            if k > 1:
+                decoder.select(rows, cross=False)  # beams only moved within their sentences
 
     lengths, found = found_len.tolist(), zip(found_score.tolist(), found_log_prob.tolist(), strict=True)
     return [
