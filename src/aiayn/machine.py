@@ -28,6 +28,11 @@ _M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 _M_MMAP_THRESHOLD = -3
 GLIBC_DEFAULT_THRESHOLD = 128 * 1024
 RETAINING_THRESHOLD = 2**31 - 1
+# After training, decoding: its key/value caches grow by a step at a time, blocks the retained heap cannot
+# reuse; blocks from 4 MiB up are mmapped and unmapped on free, and the heap is trimmed above 64 MiB.
+DECODING_MMAP_THRESHOLD = 4 << 20
+DECODING_TRIM_THRESHOLD = 64 << 20
+_malloc_thresholds: tuple[int, int] | None = None  # what set_malloc_thresholds set last in this process
 # oneDNN, which multiplies bf16 matrices on the CPU, builds kernels for every new shape of a product and
 # keeps them in two least-recently-used caches, 1024 entries each by default: its own primitive cache
 # and that of ideep, PyTorch's layer over it. Each reads its capacity from the environment once, when it
@@ -162,8 +167,10 @@ def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:
     mallopt = _glibc_function("mallopt")
     if mallopt is None:
         return False
+    global _malloc_thresholds
     mmap_set = bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold))
     trim_set = bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+    _malloc_thresholds = (mmap_threshold, trim_threshold) if mmap_set and trim_set else None
     return mmap_set and trim_set
 
 
@@ -197,6 +204,18 @@ def retain_freed_memory() -> bool:
     """
     size_kernel_caches()
     return set_malloc_thresholds(RETAINING_THRESHOLD, RETAINING_THRESHOLD)
+
+
+def retaining_freed_memory() -> bool:
+    """Whether :func:`retain_freed_memory` set glibc's thresholds in this process, and nothing since."""
+    return _malloc_thresholds == (RETAINING_THRESHOLD, RETAINING_THRESHOLD)
+
+
+def return_freed_memory() -> bool:
+    """After training: large freed blocks go back to the kernel again (:data:`DECODING_MMAP_THRESHOLD`), as
+    the final validation's and the tests' beam search wants, whose caches the retained heap, full of the
+    training's holes, could only grow around. Returns whether the thresholds took effect."""
+    return set_malloc_thresholds(DECODING_MMAP_THRESHOLD, DECODING_TRIM_THRESHOLD)
 
 
 def release_freed_memory() -> bool:

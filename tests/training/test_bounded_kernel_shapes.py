@@ -16,7 +16,14 @@ import torch
 
 import aiayn.machine
 import aiayn.training.module as training_module
-from aiayn.machine import KERNEL_CACHE_CAPACITY, KERNEL_CACHE_VARIABLES, retain_freed_memory, size_kernel_caches
+from aiayn.machine import (
+    DECODING_MMAP_THRESHOLD,
+    DECODING_TRIM_THRESHOLD,
+    KERNEL_CACHE_CAPACITY,
+    KERNEL_CACHE_VARIABLES,
+    retain_freed_memory,
+    size_kernel_caches,
+)
 from aiayn.model import TransformerConfig
 from aiayn.training.module import PROJECTED_ROWS, TranslationModule
 from aiayn.training.schedule import OptimSettings
@@ -97,3 +104,22 @@ def test_released_memory_leaves_the_resident_set_and_kept_memory_does_not() -> N
     assert released == "True"
     assert int(kept) > int(start) - 30  # kept: freed, yet resident
     assert int(after) < int(kept) - 250  # released: ≥ 250 of the 300 MB gone
+
+
+def test_training_ends_by_returning_freed_memory_to_the_kernel_for_the_decoding() -> None:
+    """aiayn-train retains freed memory for the training steps; the end of training hands it back to the
+    kernel and lets the final validation and tests (beam search) return large blocks when freed. A process
+    that never retained it keeps its thresholds."""
+    probe = (
+        "from aiayn import machine\n"
+        "from aiayn.training.callbacks.garbage import FreedMemoryRelease\n"
+        "FreedMemoryRelease().on_train_end(None, None)\n"
+        "untouched = machine._malloc_thresholds\n"
+        "machine.retain_freed_memory()\n"
+        "retained = machine.retaining_freed_memory()\n"
+        "FreedMemoryRelease().on_train_end(None, None)\n"
+        "print(untouched, retained, machine.retaining_freed_memory(), machine._malloc_thresholds)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    decoding = (DECODING_MMAP_THRESHOLD, DECODING_TRIM_THRESHOLD)
+    assert done.stdout.strip().split(maxsplit=3) == ["None", "True", "False", str(decoding)]

@@ -22,7 +22,7 @@ import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
 from aiayn.errors import ConfigError, whole
-from aiayn.machine import release_freed_memory
+from aiayn.machine import release_freed_memory, retaining_freed_memory, return_freed_memory
 
 
 class ScheduledCollection(pl.Callback):
@@ -78,7 +78,15 @@ class ScheduledCollection(pl.Callback):
 class FreedMemoryRelease(pl.Callback):
     """Gives the heap's free pages back to the kernel after every validation and test
     (:func:`~aiayn.machine.release_freed_memory`): the decoding's freed blocks would otherwise stay in the
-    process's resident memory, and a run's memory would grow with its validations."""
+    process's resident memory, and a run's memory would grow with its validations. When training ends,
+    also its heap's, and a process that retained freed memory for the training steps returns it again
+    for the decoding that follows (:func:`~aiayn.machine.return_freed_memory`; aiayn-train retains it anew
+    for each run)."""
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if retaining_freed_memory():
+            return_freed_memory()
+        release_freed_memory()
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         release_freed_memory()
