@@ -1,12 +1,11 @@
-"""The GPU check behind `benchmarks/gpu_check.sh` (after `gpu_diagnose.py`), on one CUDA GPU, in under 7 minutes:
+"""The GPU check behind `benchmarks/gpu_check.sh` (after `gpu_diagnose.py`), on one CUDA GPU, in 7 minutes:
 
-1. the CUDA-marked tests (`-m cuda`, most in `tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed training steps, training
-   steps under `torch.cuda.set_sync_debug_mode("error")` (no host sync outside the logging steps), the
-   SDPA kernel each attention takes (FlashAttention for the decoder's causal self-attention and for
-   encoder and cross attention over packed sequences, memory-efficient attention under their padding
-   masks), cached vs
-   recomputed beam search on the GPU, the exported CTranslate2 engine on CUDA); the names of any that
-   failed are listed;
+1. the CUDA-marked tests (`-m cuda`, most in `tests/scenarios/test_cuda.py`: bf16-mixed and 16-mixed
+   training steps, training steps under `torch.cuda.set_sync_debug_mode("error")` (no host sync outside the
+   logging steps), the SDPA kernel each attention takes (FlashAttention for the decoder's causal self-
+   attention and for encoder and cross attention over packed sequences, memory-efficient attention under
+   their padding masks), cached vs recomputed beam search on the GPU, the exported CTranslate2 engine on
+   CUDA); the names of any that failed are listed;
 2. training in bf16-mixed through `aiayn-train` itself (on a generated corpus of 100k pairs, 5000-piece
    BPE, the paper's 25000-token batches) at `model=base` and `model=big`, and at `model=base` with
    `model.compile=true` (the whole model compiled): logged `train/tokens_per_s` and `train/mfu`
