@@ -13,6 +13,7 @@ import runpy
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -155,17 +156,30 @@ def test_greedy_and_beam_translations_of_both_exports_equal_ours_line_for_line(
     assert_same_lines(generated, mine, sources, tokenizer, options.max_len_offset)
 
 
+def loops(line: str) -> bool:
+    """Whether a word trigram of ``line`` occurs three times or more: the output of a model that loops."""
+    words = line.split()
+    return any(count >= 3 for count in Counter(zip(words, words[1:], words[2:], strict=False)).values())
+
+
 def assert_same_lines(
     theirs: list[str], mine: list[str], sources: list[str], tokenizer: Tokenizer, offset: int
 ) -> None:
     """Their translations equal ours line for line, but where one of the two runs to its length limit
-    (source + EOS + ``offset`` tokens; within 2 tokens, as the lines are re-encoded): there each engine
-    ranks the cut-off beams its own way (see :func:`assert_same_n_best`). Such lines come from a model
-    that loops, which the fixture's small model does on some CPUs and not on others: at most 1 in 50."""
+    (source + EOS + ``offset`` tokens; within 2 tokens, as the lines are re-encoded) or loops (a word
+    trigram three times): there each engine ranks the cut-off beams its own way (see
+    :func:`assert_same_n_best`), and their rules for when to stop (CTranslate2's patience, our bound on what
+    a live beam can still reach) part on hypotheses that keep growing. Such lines come from a model that
+    loops, which the fixture's small model does on some CPUs and thread counts and not on others: at most
+    1 in 50."""
     limits = [len(row) + 1 + offset for row in tokenizer.encode(sources)]
     differ = [i for i, (a, b) in enumerate(zip(theirs, mine, strict=True)) if a != b]
     longest = [max(map(len, tokenizer.encode([theirs[i], mine[i]]))) for i in differ]
-    elsewhere = [i for i, length in zip(differ, longest, strict=True) if length < limits[i] - 2]
+    elsewhere = [
+        i
+        for i, length in zip(differ, longest, strict=True)
+        if length < limits[i] - 2 and not (loops(theirs[i]) or loops(mine[i]))
+    ]
     assert elsewhere == [] and len(differ) <= len(mine) // 50, f"lines {differ} differ, {elsewhere} not at the limit"
 
 
@@ -356,7 +370,7 @@ def test_the_engine_adds_eos_to_the_source_as_the_folder_readme_says(
         return sp.decode([piece for piece in result.hypotheses[0] if piece != "</s>"])
 
     readme_lines = [as_readme_shows(source) for source in pieces]
-    assert_same_lines(readme_lines, translations("aiayn", POWER), sources, ours[1], POWER.max_len_offset)
+    assert_same_lines_as_the_engine(readme_lines, translations("aiayn", POWER), sources, ours, POWER)
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(exported["hf"])
     hf_pieces = [hf_tokenizer.convert_ids_to_tokens(hf_tokenizer.encode(line)) for line in sources]
     assert hf_pieces == [[*source, "</s>"] for source in pieces]
