@@ -179,7 +179,7 @@ def size_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
     the environment sets them already. Takes effect only before the process's first bf16 matrix product.
 
     A CPU run multiplies in a bounded set of shapes: its training batches' (a few dozen row counts once
-    the output projection's rows are padded, :data:`~aiayn.training.module.PROJECTED_ROWS`) and those of
+    the output projection's rows are padded, :func:`~aiayn.training.module.projected_rows`) and those of
     its validations' and tests' decoding (hundreds: their batches shrink as sentences finish). With the
     default capacity every validation pushed the training steps' kernels out, the steps built them
     again, and each kernel built in the middle of a step stayed in the heap between that step's tensors:

@@ -52,6 +52,6 @@ def test_validation_counts_only_real_target_tokens() -> None:
         logits, target = module.real_target_logits(batch)
         full = module.model(batch["src"], batch["tgt_in"])
     keep = batch["tgt_out"].ne(PAD)
-    n = int(keep.sum())  # the real rows come first; the rest pad the projection's rows (PROJECTED_ROWS)
+    n = int(keep.sum())  # the real rows come first; the rest pad the projection's rows (projected_rows)
     assert target[:n].tolist() == batch["tgt_out"][keep].tolist() and set(target[n:].tolist()) <= {PAD}
     torch.testing.assert_close(logits[:n], full[keep], rtol=1e-5, atol=1e-6)

@@ -31,12 +31,21 @@ from aiayn.training.schedule import (
 # What every validation and test logs, as <stage>/<name>: the smoothed loss (§5.4), the cross-entropy,
 # its perplexity (Table 3) and sacreBLEU.
 
-# The output projection runs on the real target positions of a batch, padded to a multiple of this many
-# rows. On the CPU every new row count of a bf16 matrix product makes oneDNN build and cache kernels
-# for it: the real positions' count, new at almost every step, kept adding some and pushing others out
-# of the cache, and the heap fragmented around them (aiayn.machine.size_kernel_caches). Padded, a run
-# has a few dozen counts; the padding costs < 16 rows of ~2000.
-PROJECTED_ROWS = 16
+# The output projection runs on the real target positions of a batch, their count rounded up by
+# projected_rows. Every new row count of a matrix product costs kernel selection once: on the CPU oneDNN
+# builds and caches kernels for it (the real count, new at almost every step, kept adding some and pushing
+# others out of the cache, and the heap fragmented around them: aiayn.machine.size_kernel_caches); on a
+# GPU cuBLASLt picks an algorithm, and a CUDA graph or compiled region wants a shape it has seen.
+PROJECTED_ROWS = 16  # the rounding step of small counts
+PROJECTED_STEPS_PER_OCTAVE = 16  # larger counts: this many steps per doubling, each at most 1/16 of the count
+
+
+def projected_rows(real: int) -> int:
+    """``real`` rows rounded up to a multiple of :data:`PROJECTED_ROWS`, or of 1/16 of the power of two at
+    or below ``real`` when that is larger: at most 1/16 more rows, and 16 counts per doubling (a
+    25000-token batch's ~12000 target tokens take a handful of counts over a run, not hundreds)."""
+    step = max(PROJECTED_ROWS, (1 << max(real.bit_length() - 1, 0)) // PROJECTED_STEPS_PER_OCTAVE)
+    return -(-real // step) * step
 
 
 class TranslationModule(pl.LightningModule):
@@ -111,12 +120,12 @@ class TranslationModule(pl.LightningModule):
 
     def real_target_logits(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher-forced logits (N', vocab) at the batch's N real target positions and their reference ids
-        (N',): padding positions get no output projection, softmax or loss. N' is N rounded up to a
-        multiple of :data:`PROJECTED_ROWS`: the extra rows repeat the first position, with the padding id
+        (N',): padding positions get no output projection, softmax or loss. N' is
+        :func:`projected_rows` of N: the extra rows repeat the first position, with the padding id
         as their reference, which the loss ignores (no loss, no gradient)."""
         rows = batch["target_rows"]
         target = batch["tgt_out"].flatten().index_select(0, rows)
-        extra = -rows.numel() % PROJECTED_ROWS
+        extra = projected_rows(rows.numel()) - rows.numel()
         if extra:
             rows = torch.cat([rows, rows.new_zeros(extra)])
             target = torch.cat([target, target.new_full((extra,), self.pad_id)])
