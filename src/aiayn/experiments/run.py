@@ -42,6 +42,7 @@ from aiayn.training.callbacks.namespaces import as_callback
 from aiayn.training.callbacks.preemption import Preemption
 from aiayn.training.callbacks.progress import progress_callbacks
 from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpoints
+from aiayn.training.callbacks.shapes import ShapeWarmUp
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoint_io import RunCheckpointIO
 from aiayn.training.checkpoints import average_checkpoints, load_checkpoint, save_checkpoint, step_checkpoints
@@ -287,6 +288,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
             plan.sdpa,
             *([plan.collection] if plan.collection is not None else []),
             FreedMemoryRelease(),
+            ShapeWarmUp(),
             *progress_callbacks(plan.progress),
             *(as_callback(instantiate(callback)) for callback in plan.callbacks),
         ],
