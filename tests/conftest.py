@@ -64,7 +64,9 @@ def multi30k_root() -> Path:
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
     """The folder ``name`` of this test session, made by ``build(folder)`` once: the first pytest-xdist
-    worker to ask builds it while the others wait for it (under a lock), then all read it."""
+    worker to ask builds it while the others wait for it (under a lock), then all read it. A build that
+    failed left no ``.done``: its folder is cleared before the next one (a run folder holding a
+    checkpoint would be continued, not made anew)."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, above each worker's own
@@ -72,7 +74,8 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
     with open(root / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
-            folder.mkdir(exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
             build(folder)
             done.touch()
     return folder
@@ -131,7 +134,6 @@ def ddp_run(corpus_root: Path, cache_dir: Path, tmp_path_factory: pytest.TempPat
     from helpers.processes import finish
 
     def build(folder: Path) -> None:
-        shutil.rmtree(folder / "run", ignore_errors=True)  # a failed build's leftovers: never continued
         finish(*ddp_run_overrides(corpus_root, cache_dir, folder / "run"))
 
     return built_once(tmp_path_factory, "ddp", build) / "run"
