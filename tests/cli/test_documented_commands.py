@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.extras import toml_reader
 from helpers.runs import REPO
 
 DOCUMENTS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
@@ -365,8 +366,7 @@ def test_every_link_between_the_pages_leads_somewhere() -> None:
 
 def test_the_extras_the_pages_install_exist() -> None:
     """``pip install -e ".[a,b]"``, in a code block or in the text, names extras of pyproject.toml."""
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11
-    extras = set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+    extras = set(toml_reader().loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
     unknown = {
         f"{page.relative_to(REPO)}: {extra}"
         for page in DOCUMENTS

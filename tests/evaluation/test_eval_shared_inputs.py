@@ -21,6 +21,7 @@ from aiayn.cli import summary as summary_cli
 from aiayn.data.corpus import read_lines
 from aiayn.errors import show
 from aiayn.training.checkpoints import RUN_KEY
+from helpers.extras import dev_extra
 from helpers.runs import exit_status
 
 SPLIT_FILES = ("train", "val", "test_2016_flickr")
@@ -279,7 +280,7 @@ def test_a_compared_checkpoint_is_converted_for_the_engine_as_the_first(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    pytest.importorskip("ctranslate2")
+    dev_extra("ctranslate2")
     best, step6 = smoke_run_dir / "checkpoints" / "best.ckpt", smoke_run_dir / "checkpoints" / "step0000006.ckpt"
     source = texts(tmp_path / "in", "src.en", read_lines(corpus_root / "val.en")[:8])
     reference = texts(tmp_path / "in", "ref.de", read_lines(corpus_root / "val.de")[:8])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from types import ModuleType
 
 import pytest
@@ -19,3 +20,8 @@ def dev_extra(name: str) -> ModuleType:
     if os.environ.get(ALLOW_SKIP) == "1":
         return pytest.importorskip(name)
     return importlib.import_module(name)
+
+
+def toml_reader() -> ModuleType:
+    """``tomllib`` (Python 3.11 and later), else the ``tomli`` the [dev] extra installs on 3.10."""
+    return importlib.import_module("tomllib") if sys.version_info >= (3, 11) else dev_extra("tomli")

@@ -26,12 +26,9 @@ from packaging.utils import canonicalize_name
 
 import aiayn
 from aiayn.extras import HYDRA_PLUGINS
-from helpers.extras import ALLOW_SKIP
+from helpers.extras import ALLOW_SKIP, toml_reader
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:
-    tomllib = pytest.importorskip("tomli")
+tomllib = toml_reader()
 
 PACKAGE = Path(aiayn.__file__).resolve().parent
 PYPROJECT = PACKAGE.parents[1] / "pyproject.toml"
