@@ -1,7 +1,7 @@
 """Nothing from outside is taken on faith, as one property over many inputs: whatever a shared
 checkpoint, run folder, ``results.json``, ``config.yaml`` or ``sweep.json`` holds, aiayn's commands
 create, change or delete nothing outside the run folder they own and the outputs named, and end with
-exit 0, or exit 2 and one line, with bounded memory.
+exit 0, or exit 2 and one error line, printing nothing but their own warnings besides, with bounded memory.
 
 Each non-tensor leaf of a real checkpoint (callback, loop, optimizer, schedule, hyper-parameter and
 stored-config values) and of a run's and a sweep's files is replaced by hostile values: paths with and
@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 import random
-import resource
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,10 +31,11 @@ import yaml
 from aiayn.errors import CheckpointError
 from aiayn.training.checkpoints import directly_inside
 from aiayn.training.restored_state import RestoredState
-from helpers.runs import SMOKE_RUN_EXTRA, exit_status, smoke_run, train_in_process
+from helpers.runs import SMOKE_RUN_EXTRA, exit_status, rebased, smoke_run, train_in_process
 
 SEED = int(os.environ.get("AIAYN_MUTATION_SEED") or random.SystemRandom().randrange(2**31))
 Leaf = tuple[Any, ...]
+STORED_DATA_ROOT = ("aiayn", "config", "data", "root")
 # Always mutated through the real commands: the audit's delete, the version that picks migrations, the
 # model size that allocates, where the stored data points, what it builds, the optimizer's rule.
 DANGEROUS = [
@@ -43,7 +44,7 @@ DANGEROUS = [
     ("pytorch-lightning_version",),
     ("hyper_parameters", "model", "max_positions"),
     ("hyper_parameters", "model", "n_layers"),
-    ("aiayn", "config", "data", "root"),
+    STORED_DATA_ROOT,
     ("aiayn", "config", "data", "_target_"),
     ("optimizer_states", 0, "param_groups", 0, "maximize"),
     ("loops", "fit_loop", "state_dict", "combined_loader", 0, "position"),
@@ -132,16 +133,42 @@ def tree_state(folder: Path) -> dict[str, str]:
     return state
 
 
+def status_mib(field: str) -> float:
+    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1)) / 1024
+
+
+def reset_peak_rss() -> float:
+    """This process's peak resident memory set back to what it holds now (Linux's ``clear_refs``), which
+    it returns, in MiB: the peak read later is of what came after, not of earlier tests in this worker."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return status_mib("VmRSS")
+
+
 def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return status_mib("VmHWM")
+
+
+def own_copy(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``checkpoint`` to change: its tensors, only read, are shared."""
+    return copy.deepcopy(checkpoint, {id(t): t for t in tensors(checkpoint)})
+
+
+def resume(run: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    """``aiayn-train`` continuing the smoke run copied to ``run`` for 2 more steps: a validation and a
+    step checkpoint at step 14 (the trackers' next saves)."""
+    argv = [*smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA), f"hydra.run.dir={run}", "trainer.max_steps=14"]
+    return train_in_process(argv, monkeypatch)
 
 
 def assert_clean_exit(status: int, err: str, what: str) -> None:
     assert status in (0, 2), f"{what}: exit {status}\n{err[-2000:]}"
     assert "Traceback" not in err, f"{what}: a traceback\n{err[-2000:]}"
+    lines = err.strip().splitlines()
+    # Every line the command's own: its warnings (the files a report skipped, say), then, with exit 2, one error.
+    warnings = lines[:-1] if status == 2 else lines
+    assert all(re.match(r"aiayn-[a-z]+: warning: ", line) for line in warnings), f"{what}: {lines}"
     if status == 2:
-        last = err.strip().splitlines()[-1]
-        assert last.startswith("aiayn-") and ": error: " in last, f"{what}: not one line: {last}"
+        assert re.match(r"aiayn-[a-z]+: error: ", lines[-1]), f"{what}: {lines}"
 
 
 @pytest.fixture(scope="module")
@@ -163,9 +190,7 @@ def test_the_resume_check_holds_for_every_leaf_of_a_checkpoint(
     checked = refused = 0
     for leaf, _ in list(leaves(shared_checkpoint)):
         for value in (rng.choice(values[:4]), rng.choice(values[4:])):
-            mutated = replaced(shared_checkpoint, leaf, value)
-            # The check edits what it is given; tensors it only reads are shared, not copied.
-            mutated = copy.deepcopy(mutated, {id(t): t for t in tensors(mutated)})
+            mutated = own_copy(replaced(shared_checkpoint, leaf, value))  # the check edits what it is given
             checked += 1
             try:
                 restored = smoke_restorer(mutated, path)
@@ -181,6 +206,28 @@ def test_the_resume_check_holds_for_every_leaf_of_a_checkpoint(
     assert checked > 300 and 0 < refused < checked
 
 
+def tracker_attack(checkpoint: dict[str, Any], original: Path, run: Path, victim: Path) -> dict[str, Any]:
+    """The audit's delete with every field it needs, in the run's own folder: each checkpoint tracker
+    rebased to ``run`` (so Lightning restores all of it), with a folder outside the run as its worst kept
+    file (the one the next save replaces and Lightning then removes, recursively, through fsspec) at a
+    score worse than any validation's or step's."""
+    attack = own_copy(checkpoint)
+    rebased(attack, original, run)
+    doomed, worst = f"local://{victim}", torch.tensor(-1.0)
+    for name, tracker in attack["callbacks"].items():
+        if name.startswith("ModelCheckpoint{"):
+            kept = {
+                path: score
+                for path, score in tracker["best_k_models"].items()
+                if path != tracker["kth_best_model_path"]
+            }
+            tracker["best_k_models"] = {**kept, doomed: worst}
+            tracker["kth_best_model_path"], tracker["kth_value"] = doomed, worst
+            if not kept:
+                tracker["best_model_path"], tracker["best_model_score"] = doomed, worst
+    return attack
+
+
 @pytest.mark.slow
 def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
     smoke_run_dir: Path,
@@ -191,8 +238,10 @@ def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ) -> None:
-    """A sample of leaves, each with one hostile value, through ``aiayn-train`` resuming it (in its own
-    folder), ``aiayn-eval``, ``aiayn-translate``, ``aiayn-average`` and ``aiayn-export`` on it."""
+    """A sample of leaves, each with one hostile value, through ``aiayn-eval``, ``aiayn-translate``,
+    ``aiayn-average`` and ``aiayn-export`` on it; ``aiayn-train`` resumes, in the run's own folder, the
+    stored data root's case (the stored config's comparison, which the resume check above does not reach)
+    and the audit's attack on the checkpoint trackers (:func:`tracker_attack`) against the sentinel."""
     from aiayn.cli import average, evaluate, export, translate
 
     print(f"mutation seed {SEED} (AIAYN_MUTATION_SEED={SEED} repeats it)")
@@ -208,10 +257,9 @@ def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
     all_leaves = [leaf for leaf, _ in leaves(shared_checkpoint)]
     values = hostile(sentinel)
     cases = sample(all_leaves, 8, rng)
-    resumed = cases[: len(DANGEROUS) + 1]  # a resume costs seconds: the dangerous leaves and one other
     allowed = {"sentinel", "work"}
     statuses: list[int] = []
-    before = peak_rss_mib()
+    rss = reset_peak_rss()
     for number, leaf in enumerate(cases):
         value = rng.choice(values) if number >= 2 else values[0]
         run = tmp_path / f"case{number}"
@@ -222,7 +270,7 @@ def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
         out.mkdir()
         allowed |= {run.name, out.name}
         what = f"seed {SEED}, leaf {leaf}={value!r}"
-        runs: list[tuple[str, Callable[[], Any], list[str]]] = [
+        commands: list[tuple[str, Callable[[], Any], list[str]]] = [
             ("aiayn-eval", evaluate.main, [f"checkpoint={hostile_file}", f"data.root={corpus_root}",
              "decoding=greedy", "decoding.max_len_offset=3", "device=cpu", f"output_dir={out / 'eval'}"]),
             ("aiayn-translate", translate.main, [f"checkpoint={hostile_file}", f"input={work / 'input.en'}",
@@ -232,23 +280,27 @@ def test_commands_on_a_hostile_checkpoint_touch_nothing_outside_their_folders(
             ("aiayn-export", export.main, [f"checkpoint={hostile_file}", "format=ctranslate2",
              f"output={out / 'engine'}"]),
         ]  # fmt: skip
-        for program, main, argv in runs:
+        for program, main, argv in commands:
             status = exit_status(main, [program, *argv], monkeypatch)
             assert_clean_exit(status, capsys.readouterr().err, f"{program} ({what})")
             statuses.append(status)
-        if leaf in resumed:
-            argv = [
-                *smoke_run(corpus_root, cache_dir, *SMOKE_RUN_EXTRA),
-                f"hydra.run.dir={run}",
-                "trainer.max_steps=14",
-            ]
-            status = train_in_process(argv, monkeypatch)
+        if matches(leaf, STORED_DATA_ROOT):  # resumed as in its own folder: the stored config is compared
+            mutated = own_copy(replaced(shared_checkpoint, leaf, value))
+            rebased(mutated, smoke_run_dir, run)
+            torch.save(mutated, hostile_file)
+            status = resume(run, corpus_root, cache_dir, monkeypatch)
             assert_clean_exit(status, capsys.readouterr().err, f"aiayn-train resuming ({what})")
             statuses.append(status)
         for name, state in outside.items():
             assert tree_state(tmp_path / name) == state, f"{what}: {name} changed"
         assert {path.name for path in tmp_path.iterdir()} <= allowed, what
-    assert peak_rss_mib() - before < 1024
+    run = tmp_path / "attacked"
+    shutil.copytree(smoke_run_dir, run, ignore=shutil.ignore_patterns("run.lock"))
+    torch.save(tracker_attack(shared_checkpoint, smoke_run_dir, run, sentinel), run / "checkpoints" / "last.ckpt")
+    assert resume(run, corpus_root, cache_dir, monkeypatch) == 0, capsys.readouterr().err
+    assert tree_state(sentinel) == outside["sentinel"], "the trackers' attack deleted the sentinel"
+    assert "step0000014.ckpt" in {path.name for path in (run / "checkpoints").iterdir()}  # a save replaced one
+    assert peak_rss_mib() - rss < 1024
     print(f"{len(statuses)} commands: {statuses.count(0)} ended 0, {statuses.count(2)} refused in one line")
     assert 0 in statuses and 2 in statuses
 
@@ -309,6 +361,7 @@ def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cle
                 assert "\n" not in str(error) and str(sweep) in str(error), what
             for name, state in outside.items():
                 assert tree_state(tmp_path / name) == state, f"{what}: {name} changed"
+            assert {path.name for path in tmp_path.iterdir()} <= {"sentinel", "work", "sweep", "report"}, what
             written(path, originals[path])
 
 

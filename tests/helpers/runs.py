@@ -7,6 +7,7 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -59,6 +60,18 @@ def copy_of(run_dir: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("run.lock"))
     return copy
+
+
+def rebased(checkpoint: dict[str, Any], original: Path, here: Path) -> None:
+    """The checkpoint trackers' paths of a run's checkpoint moved from ``original`` to ``here``: the run
+    as it would be had it been trained in this folder (Lightning restores a tracker whole only when its
+    ``dirpath`` is the callback's own)."""
+    trackers = [state for name, state in checkpoint["callbacks"].items() if name.startswith("ModelCheckpoint{")]
+    assert trackers and all(str(original) in repr(tracker) for tracker in trackers)
+    for tracker in trackers:
+        for field in ("best_model_path", "kth_best_model_path", "dirpath"):
+            tracker[field] = tracker[field].replace(str(original), str(here))
+        tracker["best_k_models"] = {k.replace(str(original), str(here)): v for k, v in tracker["best_k_models"].items()}
 
 
 def exit_status(main: Callable[[], object], argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
