@@ -18,7 +18,8 @@ from helpers.processes import finish, hold_and_signal, saved_step, start, stoppe
 from helpers.runs import smoke_run, train_in_process
 
 # What a default run may print on stderr: Lightning's own lines about the run (the seed, the devices, why
-# training stopped, which checkpoint is tested). Anything else (a library's warning, W&B's banner, a
+# training stopped, which checkpoint is tested) and W&B's three about where an offline run is kept (quiet:
+# the run's own log says how to sync it). Anything else (a library's warning, W&B's history and summary, a
 # traceback) is noise.
 ALLOWED = re.compile(
     r"Seed set to \d+"
@@ -26,6 +27,9 @@ ALLOWED = re.compile(
     r"|Using bfloat16 Automatic Mixed Precision \(AMP\)"  # hardware=cpu where the CPU multiplies bf16
     r"|`Trainer\.fit` stopped: `max_steps=\d+` reached\."
     r"|(Restoring states from|Loaded model weights from) the checkpoint( path)? at \S+\.ckpt(\.\.\.)?"
+    r"|wandb: W&B syncing is set to `offline` in this directory\. .*"
+    r"|wandb: Run data is saved locally in \S+"
+    r"|wandb: View this run in the terminal with `wandb leet`"
 )
 
 
@@ -85,7 +89,12 @@ def test_a_full_disk_is_reported_in_one_line_with_its_own_status(
 
 
 @pytest.mark.usefixtures("wandb_offline")
-def test_a_default_run_prints_no_library_noise(tmp_path: Path, corpus_root: Path, cache_dir: Path) -> None:
+def test_a_default_run_prints_no_library_noise(
+    tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("WANDB_SILENT", "WANDB_CONSOLE"):  # W&B prints as it does for a user
+        monkeypatch.delenv(name)
     err = finish(*smoke_run(corpus_root, cache_dir), "logger=wandb", "progress=quiet", cwd=tmp_path)
+    assert "wandb: Run data is saved locally in" in err  # W&B spoke
     noise = [line for line in err.splitlines() if not ALLOWED.fullmatch(line)]
     assert not noise, noise

@@ -5,6 +5,7 @@ a run folder continue one history, online and after ``wandb sync`` of offline pa
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,12 @@ from aiayn.training.loggers.wandb_identity import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def quiet_unless_asked() -> dict[str, bool]:
+    """W&B's console output without its end-of-run history and summary (the run's own log and
+    results.json say the same, and the run says how to sync it), unless ``WANDB_QUIET`` decides."""
+    return {} if "WANDB_QUIET" in os.environ else {"quiet": True}
 
 
 class WandbRunLogger(WandbLogger):
@@ -76,7 +83,7 @@ class WandbRunLogger(WandbLogger):
             job_type=job_type,
             mode=resolved,
             log_model=False,
-            settings=wandb.Settings(init_timeout=init_timeout),
+            settings=wandb.Settings(init_timeout=init_timeout, **quiet_unless_asked()),
             # Lightning adds resume="allow". In a sweep W&B uses the agent's id, and warns about any other.
             id=None if in_wandb_sweep() else self.run_id,
         )
