@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import pytorch_lightning as pl
+import sacrebleu
 import torch
 
 from aiayn.cli import evaluate as evaluate_cli
@@ -147,7 +148,8 @@ def test_the_run_tests_ema_ckpt_which_aiayn_eval_and_aiayn_export_take_as_any_ch
     references = read_lines(corpus_root / "test_2016_flickr.de")[:EVAL_PAIRS]
     score, signature = sacrebleu_of(run_dir / "test.ema.hyp.txt", references)
     assert results["test_bleu_ema"] == pytest.approx(score, abs=1e-9) and results["sacrebleu_signature"] == signature
-    assert 0 <= results["test_chrf_ema"] <= 100
+    hypotheses = read_lines(run_dir / "test.ema.hyp.txt")
+    assert results["test_chrf_ema"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score, abs=1e-9)
 
     model, _, _ = load_model(path)
     assert all(torch.equal(weights[f"model.{name}"], tensor) for name, tensor in model.state_dict().items())
