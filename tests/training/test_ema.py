@@ -34,7 +34,7 @@ from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 from helpers import ddp_ranks
 from helpers.bleu import sacrebleu_of
-from helpers.runs import exit_status, resumable_run, train_in_process
+from helpers.runs import exit_status, refusal, resumable_run
 
 DECAY, START, STEPS = 0.8, 2, 6  # steps 1-2 copy the weights, 3-6 average them
 SKIPPED = 4  # the optimizer step whose loss is made NaN: the guard skips its update
@@ -236,9 +236,9 @@ def test_a_bad_ema_setting_is_refused_before_any_work_naming_its_key(override: s
 def test_aiayn_train_with_a_bad_ema_decay_ends_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    assert train_in_process(["ema.decay=1.5", f"hydra.run.dir={tmp_path / 'run'}"], monkeypatch) == 2
-    error = capsys.readouterr().err.strip().splitlines()
-    assert error == ["aiayn-train: error: ema.decay=1.5 must lie in [0, 1) (e.g. 0.999), or be null or 0 for no EMA"]
+    monkeypatch.chdir(tmp_path)
+    error = refusal(["ema.decay=1.5"], monkeypatch, capsys)
+    assert error == "ema.decay=1.5 must lie in [0, 1) (e.g. 0.999), or be null or 0 for no EMA"
 
 
 @pytest.fixture(scope="module")
