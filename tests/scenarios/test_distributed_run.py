@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import math
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +13,9 @@ import pytest
 import torch
 
 from aiayn.config.compose import compose_run_config
-from aiayn.data import Multi30kDataModule, TokenBudgetBatchSampler
 from aiayn.experiments.run import train
-from helpers.batch_recorder import recorded, recorder
-from helpers.bleu import assert_reported_bleu
-from helpers.processes import assert_same_weights, environment, hold_and_signal, start, stopped, weights
+from helpers.batch_recorder import recorder
+from helpers.processes import environment
 from helpers.runs import resumable_run
 
 pytestmark = pytest.mark.slow
@@ -37,60 +33,6 @@ def ddp_train(run_dir: Path, overrides: list[str]) -> subprocess.CompletedProces
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment())
     assert done.returncode == 0, done.stderr[-4000:]
     return done
-
-
-def test_two_ddp_ranks_train_on_disjoint_equal_shares_stop_together_at_a_signal_and_resume(
-    tmp_path: Path, multi30k_root: Path, cache_dir: Path
-) -> None:
-    overrides = [*small_run(multi30k_root, cache_dir), f"trainer.max_steps={STEPS}"]
-    whole_dir = tmp_path / "whole"
-    whole = ddp_train(whole_dir, overrides)
-    assert len([line for line in whole.stdout.splitlines() if line.startswith("{")]) == 1  # rank 0 reports
-    results = json.loads((whole_dir / "results.json").read_text())
-    assert results["steps"] == STEPS and results["batch"]["world_size"] == 2
-    # both ranks' shares of the test set, in the test set's order: the BLEU of all 24 sentences
-    references = gzip.decompress((multi30k_root / "test_2016_flickr.de.gz").read_bytes()).decode().splitlines()
-    assert_reported_bleu(whole_dir, results, references[:24])
-
-    # SIGTERM to the launching process (rank 0) only, as `kill <pid>` would: both ranks stop at one step
-    run_dir = tmp_path / "run"
-    process = start("hardware=cpu_ddp", f"hydra.run.dir={run_dir}", recorder(run_dir, hold_at=4), *overrides)
-    hold_and_signal(process, run_dir, signal.SIGTERM)
-    stopped(process, signal.SIGTERM)
-    done = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
-    assert 4 <= done < STEPS
-    assert [len(recorded(run_dir, rank)) for rank in (0, 1)] == [done + 1, done + 1]  # and had fetched one more
-
-    # the same command in the same folder continues from last.ckpt (a requeued job)
-    ddp_train(run_dir, overrides)
-    results = json.loads((run_dir / "results.json").read_text())
-    assert results["steps"] == STEPS and results["resumed_from"].endswith("last.ckpt")
-    ranks = [recorded(run_dir, rank) for rank in (0, 1)]
-    for records in ranks:
-        del records[done]  # the batch fetched before the stop, which the continued run began with
-    assert [[r["step"] for r in records] for records in ranks] == [list(range(STEPS))] * 2  # equal, none repeated
-    shares = [[r["index"] for r in records] for records in ranks]
-    assert shares == [[r["index"] for r in recorded(whole_dir, rank)] for rank in (0, 1)]
-    pairs = [set(i for batch in share for i in batch) for share in shares]
-    assert not pairs[0] & pairs[1]  # disjoint
-    assert all(len(share) == len(set(share)) for share in ([i for b in s for i in b] for s in shares))
-    # the interrupted run ends with the weights of an uninterrupted one, on both ranks
-    assert_same_weights(weights(whole_dir), weights(run_dir))
-
-    # exactly what the sampler deals to each of 2 ranks in epoch 0
-    dm = Multi30kDataModule(root=str(multi30k_root), cache_dir=str(cache_dir), vocab_size=1000, train_limit=400)
-    dm.prepare_data()
-    dm.setup()
-    lengths = dm.datasets["train"].padded_lengths()
-    # the token count is both ranks' real tokens: source + EOS and target + EOS of every pair
-    train_set = dm.datasets["train"]
-    real = train_set.src.lengths[train_set.indices] + train_set.tgt.lengths[train_set.indices] + 2
-    trained = [i for share in shares for batch in share for i in batch]
-    assert results["train_tokens"] == json.loads((whole_dir / "results.json").read_text())["train_tokens"]
-    assert results["train_tokens"] == int(real[trained].sum())
-    for rank in (0, 1):
-        sampler = TokenBudgetBatchSampler(lengths, 500, seed=1, num_replicas=2, rank=rank)
-        assert len(sampler) > STEPS and shares[rank] == list(sampler)[:STEPS]
 
 
 def test_only_rank_0_takes_and_writes_the_snapshots_for_averaging(
