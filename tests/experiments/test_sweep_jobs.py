@@ -45,6 +45,9 @@ command:
   - debug=smoke
   - data.root={root}
   - data.cache_dir={cache}
+  - checkpoint.average_last=0  # helpers.runs.SMOKE_RUN_EXTRA: short greedy decodes, which no test reads
+  - decoding=greedy
+  - decoding.max_len_offset=3
   - "callbacks=[{{_target_:helpers.batch_recorder.BatchRecorder,folder:'${{oc.env:AIAYN_RUN_DIR}}/batches',hold_at:2}}]"
   - ${{args_no_hyphens}}
 """
