@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from aiayn.config.compose import compose_run_config
+from helpers.compose import composed_run
 from helpers.runs import REPO
 
 SNAPSHOT = json.loads((REPO / "tests" / "assets" / "experiment_configs.json").read_text())
@@ -78,7 +78,7 @@ def test_an_experiment_composes_as_before(experiment: str) -> None:
         for key, value in before.items()
         if key.startswith(source + ".")
     }
-    now = flat(OmegaConf.to_container(compose_run_config([f"experiment={experiment}"]), resolve=True))
+    now = flat(OmegaConf.to_container(composed_run([f"experiment={experiment}"]), resolve=True))
     assert set(now) - set(before) == set(ADDED) | set(copied), "a new key: add it to ADDED with its paper value"
     assert set(before) - set(now) == set(), "a key is gone"
     changed = {key: value for (name, key), value in CHANGED.items() if name == experiment}
