@@ -31,8 +31,8 @@ ASSET_CORPUS = Path(__file__).resolve().parent / "assets" / "corpus"  # written 
 
 # The slowest test files first: a worker that takes one of them last would end the suite alone while the
 # others wait. pytest-xdist hands files out in the order of their first test (with --no-loadscope-reorder;
-# by default it hands out the files with the most tests first, however short): the files of the slow
-# tests, which start real runs, the slowest folders among them first; then the many short files.
+# by default it hands out the files with the most tests first, however short): the files with slow tests
+# (real runs, training for seconds), the slowest folders among them first; then the many short files.
 SLOW_FIRST = ("scenarios", "experiments", "export", "cli")
 
 

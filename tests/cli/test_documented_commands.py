@@ -264,6 +264,7 @@ def in_folder(command: Command, scratch: Path) -> Command:
 COMMANDS = documented()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.where} {c.program}" for c in COMMANDS])
 def test_documented_command_works_as_written(
     command: Command, in_scratch: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

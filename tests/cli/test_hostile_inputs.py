@@ -176,6 +176,7 @@ def shared_checkpoint(smoke_run_dir: Path) -> dict[str, Any]:
     return torch.load(smoke_run_dir / "checkpoints" / "last.ckpt", weights_only=True)
 
 
+@pytest.mark.slow
 def test_the_resume_check_holds_for_every_leaf_of_a_checkpoint(
     smoke_restorer: RestoredState, smoke_run_dir: Path, shared_checkpoint: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -316,6 +317,7 @@ def written(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data) if path.suffix == ".json" else yaml.safe_dump(data))
 
 
+@pytest.mark.slow
 def test_the_report_and_the_sweep_on_hostile_run_files_touch_nothing_and_end_cleanly(
     smoke_run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

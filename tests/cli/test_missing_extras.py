@@ -72,6 +72,7 @@ def test_a_wmt_run_without_datasets(
     assert not list(tmp_path.glob("outputs/*/*"))  # the run's folder, made by Hydra, is removed
 
 
+@pytest.mark.slow
 def test_aiayn_report_plots_without_matplotlib(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -88,6 +88,7 @@ BAD_CONFIGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "key", "value"), BAD_CONFIGS, ids=lambda v: " ".join(v) if isinstance(v, list) else None
 )
@@ -109,6 +110,7 @@ def test_a_bad_setting_stops_before_any_work_naming_the_key(
     assert "HYDRA_FULL_ERROR" not in os.environ  # set for Hydra only while the command runs
 
 
+@pytest.mark.slow
 def test_the_installed_command_exits_with_2_and_one_line(corpus_root: Path, cache_dir: Path, tmp_path: Path) -> None:
     """The real console script in its own process: the status a shell or a scheduler sees."""
     done = subprocess.run(

@@ -67,6 +67,7 @@ def test_data_options_instantiate_a_datamodule(option: str, tmp_path: Path) -> N
     assert datamodule.vocab_size == {"wmt14_en_de": 37000, "wmt14_en_fr": 32000}.get(option, 5000)  # §5.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", options("experiment"))
 def test_experiments_compose_and_instantiate(option: str) -> None:
     cfg = composed_run([f"experiment={option}"])  # as aiayn-train's job sees it; test_layout reads the same

@@ -42,6 +42,7 @@ def holder(folder: Path) -> subprocess.Popen[str]:
     return process
 
 
+@pytest.mark.slow
 def test_a_second_aiayn_train_in_a_living_runs_folder_is_refused_and_changes_nothing(
     tmp_path: Path,
     corpus_root: Path,
@@ -226,6 +227,7 @@ def test_two_multiruns_started_in_one_second_get_their_own_folders(
         assert run_folder_holder(folder) is None and run_folder_holder(folder / "0") is None  # given up at the end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("held", ["", "0"], ids=["the multirun's folder", "a job's folder"])
 def test_a_multirun_into_folders_a_living_process_writes_is_refused_before_hydra_writes(
     tmp_path: Path,

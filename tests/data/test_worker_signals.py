@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from helpers.runs import REPO
 
 # A process that, like a Lightning fit, handles SIGTERM by noting it, then draws from worker pools many
@@ -22,6 +24,7 @@ print("pools ended", len(noted))
 """
 
 
+@pytest.mark.slow
 def test_worker_pools_end_in_a_process_that_handles_sigterm() -> None:
     done = subprocess.run(
         [sys.executable, "-c", POOLS], cwd=REPO, capture_output=True, text=True, timeout=120, check=False

@@ -184,6 +184,7 @@ WRONG = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("key", "value", "named"), WRONG, ids=[case[0] for case in WRONG])
 def test_a_wrong_stored_data_value_ends_in_one_line_naming_it(
     key: str,

@@ -80,6 +80,7 @@ def evaluate(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> 
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("where", "key"),
     [

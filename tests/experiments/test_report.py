@@ -80,6 +80,7 @@ def positional_sweep(tmp_path: Path) -> Path:
     return tmp_path / "sweep"
 
 
+@pytest.mark.slow
 def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep: Path) -> None:
     written = write_report([positional_sweep], positional_sweep)
     markdown, plots = written.markdown, written.plots
@@ -104,6 +105,7 @@ def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep
     assert (positional_sweep / "report.md").read_text() == markdown
 
 
+@pytest.mark.slow
 def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
     for row, bleu in (("A1", 18.0), ("A2", 20.0), ("base", 21.0), ("A4", 19.0)):
         fake_run(tmp_path / "heads" / row, [f"experiment=mini/{row}", "seed=1"], bleu, 10.0)
@@ -128,6 +130,7 @@ def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
     assert [p.name for p in plots] == ["bleu_ppl_vs_d_k.png", "bleu_ppl_vs_size.png"]
 
 
+@pytest.mark.slow
 def test_runs_found_twice_count_once_and_seeds_group_whatever_the_order(positional_sweep: Path, tmp_path: Path) -> None:
     one_run = positional_sweep / "model.positional=none,seed=1"
     fake_run(tmp_path / "again", ["++seed=2", "model.positional=none", "experiment=mini/base"], 7.0, 30.0)
@@ -138,6 +141,7 @@ def test_runs_found_twice_count_once_and_seeds_group_whatever_the_order(position
     )
 
 
+@pytest.mark.slow
 def test_the_cli_reports_to_w_and_b_and_refuses_folders_without_runs(
     positional_sweep: Path, tmp_path: Path, wandb_offline: None, capsys: pytest.CaptureFixture[str]
 ) -> None:

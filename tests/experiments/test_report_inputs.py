@@ -285,6 +285,7 @@ def shared(smoke_run_dir: Path, tmp_path: Path) -> Path:
     return tmp_path / "shared"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_malformed_run_is_skipped_in_one_line_or_refused_where_named(
     case: str, shared: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture

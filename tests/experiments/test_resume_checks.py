@@ -106,6 +106,7 @@ def test_a_resumed_run_trains_with_the_new_schedule_and_records_it(
     assert state["lr_schedulers"][0]["lr_lambdas"][0]["warmup"] == 3
 
 
+@pytest.mark.slow
 def test_a_multirun_job_continues_only_its_own_overrides(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:

@@ -23,6 +23,7 @@ def validations(run_dir: Path) -> dict[int, float]:
     return dict(logged[:-1])  # the last row is the evaluation after training
 
 
+@pytest.mark.slow
 def test_the_final_step_is_a_step_checkpoint_and_final_scores_the_last_model(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -44,6 +45,7 @@ def test_the_final_step_is_a_step_checkpoint_and_final_scores_the_last_model(
     assert results["best_val_bleu"] == pytest.approx(max(validations(run_dir).values()), abs=1e-4)
 
 
+@pytest.mark.slow
 def test_table3_rows_score_the_final_checkpoint_and_other_runs_the_best() -> None:
     rows = sorted(path.stem for path in (REPO / "conf" / "experiment" / "table3").glob("*.yaml"))
     assert "big" in rows and len(rows) == 20

@@ -84,6 +84,7 @@ def started(folder: Path, count: int) -> Callable[[], bool]:
 SWEEP_FOLDER = Path("outputs", "sweeps", "s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stopped_runner_stops_its_trials_gently_and_continues_them(signum: int, tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
@@ -113,6 +114,7 @@ def test_a_stopped_runner_stops_its_trials_gently_and_continues_them(signum: int
         assert [event for event, _, _ in events(folder / trial["run_dir"])][2:] == ["started", "finished"]
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_kills_the_trials_at_once(tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
     runner = start_runner(fake_sweep(tmp_path, [1], "seconds=120", "stubborn=yes"), tmp_path)
@@ -130,6 +132,7 @@ def test_a_second_ctrl_c_kills_the_trials_at_once(tmp_path: Path) -> None:
         os.kill(pid, 0)
 
 
+@pytest.mark.slow
 def test_a_restarted_runner_waits_for_the_trial_its_killed_predecessor_left(tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
     go = tmp_path / "go"
@@ -157,6 +160,7 @@ def test_a_restarted_runner_waits_for_the_trial_its_killed_predecessor_left(tmp_
     assert f"is in use by pid {run_events[0][2]} on" in stderr
 
 
+@pytest.mark.slow
 def test_a_trial_waits_until_its_run_folder_is_released_and_then_continues(tmp_path: Path) -> None:
     folder = tmp_path / SWEEP_FOLDER
     run_dir = folder / run_label(["seed=1"])
@@ -214,6 +218,7 @@ def test_aiayn_sweep_refuses_an_escaping_name_before_it_writes(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml", "work"] and not any(work.iterdir())
 
 
+@pytest.mark.slow
 def test_sweep_json_is_whole_whenever_its_writer_dies(tmp_path: Path) -> None:
     writer = (
         "import sys\nfrom pathlib import Path\nfrom aiayn.experiments.sweeps.state import SweepState, Trial\n"

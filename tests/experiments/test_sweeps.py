@@ -44,6 +44,7 @@ def test_every_ablation_has_a_multi30k_and_a_paper_scale_sweep() -> None:
     assert covered == set(ROWS) - {"E"}  # E: the positional sweeps (learned)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
 def test_sweep_file_parses_and_every_setting_composes(path: Path) -> None:
     """Every trial's command ends with its parameters as overrides; each setting (the trials that differ

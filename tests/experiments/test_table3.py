@@ -29,6 +29,7 @@ def test_every_row_is_an_experiment_and_nothing_else_is(family: str) -> None:
     assert sorted(path.stem for path in (EXPERIMENTS / family).glob("*.yaml")) == sorted(ROWS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS)
 def test_mini_rows_change_what_the_paper_rows_change(row: str) -> None:
     paper, paper_base = (composed_run([f"experiment=table3/{r}"]) for r in (row, "base"))
@@ -58,6 +59,7 @@ def test_mini_rows_change_what_the_paper_rows_change(row: str) -> None:
 TOLERANCE = {"C1": 0.07}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("row", ROWS)
 def test_parameter_counts_match_the_paper_within_5_percent(row: str) -> None:
     summary = summarize(composed("summary", [f"experiment=table3/{row}"]))

@@ -209,6 +209,7 @@ print(json.dumps(failed))
 """
 
 
+@pytest.mark.slow
 def test_every_module_imports_with_the_dependencies_alone() -> None:
     """A lean install (``pip install aiayn``) imports every module of the package: the commands of a
     Multi30k run and the data, training and evaluation code they load, and the modules of the extras'

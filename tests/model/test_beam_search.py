@@ -90,6 +90,7 @@ def test_beam_size_one_is_greedy_decoding(alpha: float) -> None:
     assert greedy_decode(model, src, BOS, EOS, max_len_offset=8) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alpha", [0.0, 0.6, 2.0, 5.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_large_beam_finds_the_exhaustive_optimum(alpha: float, seed: int) -> None:

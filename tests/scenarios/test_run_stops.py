@@ -33,6 +33,7 @@ ALLOWED = re.compile(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named", [True, False], ids=["hydra.run.dir", "fresh folder"])
 def test_ctrl_c_saves_stops_with_130_and_says_how_to_continue(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, named: bool
@@ -49,6 +50,7 @@ def test_ctrl_c_saves_stops_with_130_and_says_how_to_continue(
     assert message.endswith(advice)  # (Ctrl-C saves as SIGTERM does: continuing is test_interruptions')
 
 
+@pytest.mark.slow
 def test_a_data_error_under_ddp_ends_in_one_line_without_a_hang(
     tmp_path: Path, corpus_root: Path, cache_dir: Path
 ) -> None:
@@ -88,6 +90,7 @@ def test_a_full_disk_is_reported_in_one_line_with_its_own_status(
     assert not list((run_dir / "checkpoints").glob("*.ckpt"))  # no partial checkpoint in place
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("wandb_offline")
 def test_a_default_run_prints_no_library_noise(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch

@@ -57,6 +57,7 @@ def test_average_every_checkpoints_between_validations_and_averages_the_newest(
     torch.testing.assert_close(averaged["state_dict"][name], mean.float())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("extra", "stop", "expected"),
     [
@@ -77,6 +78,7 @@ def test_an_early_stop_right_after_a_step_checkpoint_adds_no_near_duplicate(
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == results["steps"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_keeps_the_spacing_and_prunes_the_earlier_part(
     tmp_path: Path, corpus_root: Path, cache_dir: Path
 ) -> None:

@@ -117,6 +117,7 @@ def test_released_memory_leaves_the_resident_set_and_kept_memory_does_not() -> N
     assert int(after) < int(kept) - 250  # released: ≥ 250 of the 300 MB gone
 
 
+@pytest.mark.slow
 def test_training_ends_by_returning_freed_memory_to_the_kernel_for_the_decoding() -> None:
     """aiayn-train retains freed memory for the training steps; the end of training hands it back to the
     kernel and lets the final validation and tests (beam search) return large blocks when freed. A process

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -34,6 +35,7 @@ def _rank(rank: int, store: str, results: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_flags_are_exchanged_on_the_cpu_over_every_rank(tmp_path: Path) -> None:
     mp.spawn(_rank, args=(str(tmp_path / "store"), str(tmp_path / "rank")), nprocs=2, join=True)
     for rank in (0, 1):

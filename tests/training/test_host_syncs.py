@@ -107,6 +107,7 @@ CLIPPED = (
 )  # clipping under autocast, which Lightning's refuses to fused Adam
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("packed", "more"), [(False, ()), (True, ()), (False, CLIPPED)], ids=["padded", "packed attention", "clipped bf16"]
 )

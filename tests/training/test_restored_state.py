@@ -55,6 +55,7 @@ def resume(run: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.Mo
     return train_in_process(argv, monkeypatch)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["local://", ""])
 def test_a_shared_tracker_naming_a_folder_elsewhere_deletes_nothing(
     smoke_run_dir: Path,
@@ -240,6 +241,7 @@ def test_a_tracker_naming_a_file_another_writes_is_dropped(
     assert tracker in smoke_restorer(copy.deepcopy(checkpoint), path)["callbacks"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_last", [1, 2, 3])
 def test_a_resume_from_a_checkpoint_holding_one_step_checkpoint_finishes_with_any_keep_last(
     smoke_run_dir: Path, tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch,
@@ -277,6 +279,7 @@ def test_a_checkpoint_with_another_tokenizer_than_the_cache_is_not_resumed(
     assert len(error) == 1 and f"checkpoint {path} holds another tokenizer" in error[0], error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "entry",
     [

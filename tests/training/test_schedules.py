@@ -347,6 +347,7 @@ def test_a_run_resumed_after_its_decay_began_ends_with_the_weights_of_an_uninter
 
 
 # -- config errors --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "shown"),
     [

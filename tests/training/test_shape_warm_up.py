@@ -51,6 +51,7 @@ def run(tmp_path: Path, corpus_root: Path, cache_dir: Path, name: str) -> tuple[
     return tmp_path / name, shapes
 
 
+@pytest.mark.slow
 def test_each_batch_shape_is_met_once_before_training_and_the_run_is_unchanged(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

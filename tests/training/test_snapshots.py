@@ -181,6 +181,7 @@ class SignalAt(pl.Callback):
             os.kill(os.getpid(), self.signum)
 
 
+@pytest.mark.slow
 def test_a_preempted_run_names_only_written_snapshots_and_its_continuation_averages_them(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -63,6 +63,7 @@ def test_validation_decodes_greedily_while_the_tests_search_with_beams(
         assert stored["hyper_parameters"]["decoding"]["beam_size"] == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [

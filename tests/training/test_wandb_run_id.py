@@ -43,6 +43,7 @@ class SigtermAfterStep(pl.Callback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("wandb_offline")
 def test_a_run_continued_after_sigterm_logs_both_parts_to_one_wandb_run_with_continuing_steps(
     tmp_path: Path, corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
@@ -207,6 +208,7 @@ def test_aiayn_train_refuses_a_wandb_folder_that_is_a_link_before_training(
     assert not (run_dir / "checkpoints").exists() and list(outside.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_new_run_folders_get_new_ids_which_survive_the_fall_back_to_offline(
     tmp_path: Path, wandb_offline: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
