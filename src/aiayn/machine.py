@@ -12,10 +12,11 @@ import functools
 import os
 import platform
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, FieldError, whole
 
 if TYPE_CHECKING:
     import torch
@@ -231,3 +232,69 @@ def release_freed_memory() -> bool:
         return False
     malloc_trim(0)
     return True
+
+
+# trainer.devices and trainer.num_nodes, read once: which devices a run trains on and how many processes
+# that makes, as Lightning counts them (its world_size). The config's checks, the SLURM environment, the
+# multirun launcher's check and the sweep's placement ask Devices instead of reading the setting each
+# their own way.
+GPU_ACCELERATORS = ("gpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Devices:
+    """A run's devices: ``count`` per node (None: as many as the accelerator gives, ``auto``, or all it
+    has, ``every``), the ``indices`` named (a list or ``"0,1"``; None: the first ``count``), and ``nodes``."""
+
+    count: int | None
+    indices: tuple[int, ...] | None = None
+    every: bool = False  # -1: all the node's devices; otherwise None counts as Lightning's "auto"
+    nodes: int = 1
+
+    @classmethod
+    def parse(cls, devices: Any, num_nodes: Any = 1) -> Devices:
+        """``trainer.devices`` as Lightning takes it: a count >= 1 (or its digits), a list of indices or
+        ``"0,1"``, ``-1`` or ``auto``; ``num_nodes`` >= 1. A :class:`~aiayn.errors.FieldError` otherwise."""
+        if not whole(num_nodes if num_nodes is not None else 1, 1):
+            raise FieldError("num_nodes", num_nodes, "must be a whole number >= 1")
+        nodes = int(num_nodes or 1)
+        if devices in ("auto", -1, "-1"):
+            return cls(None, every=devices != "auto", nodes=nodes)
+        if isinstance(devices, str) and devices.strip().isdigit():
+            devices = int(devices)
+        if isinstance(devices, int) and not isinstance(devices, bool):
+            if devices < 1:
+                raise FieldError("devices", devices, "must be a number of devices >= 1, -1 or auto (all)")
+            return cls(devices, nodes=nodes)
+        try:
+            named = devices.split(",") if isinstance(devices, str) else list(devices)
+            indices = tuple(int(index) for index in named if str(index).strip())
+        except (TypeError, ValueError):
+            raise FieldError("devices", devices, "must be a number of devices, a list of indices, -1 or auto") from None
+        if not indices or any(index < 0 for index in indices):
+            raise FieldError("devices", devices, "must be a number of devices, a list of indices, -1 or auto")
+        return cls(len(indices), indices, nodes=nodes)
+
+    @property
+    def several(self) -> bool:
+        """Certainly more than one process: several devices named or counted, ``-1``, or several nodes
+        (``auto`` may be one device; Lightning decides)."""
+        return (self.count or 0) > 1 or self.every or self.nodes > 1
+
+    def per_node(self, accelerator: str) -> int:
+        """The processes a node runs on ``accelerator`` (``cpu``, ``gpu``/``cuda`` or ``auto``), as
+        Lightning counts them: ``auto`` is every GPU, or one process on the CPU; ``-1`` every GPU, or one
+        process per core on the CPU."""
+        if self.count is not None:
+            return self.count
+        import torch
+
+        gpus = torch.cuda.device_count()
+        on_gpu = accelerator in GPU_ACCELERATORS or (accelerator == "auto" and gpus > 0)
+        if on_gpu:
+            return gpus
+        return (os.cpu_count() or 1) if self.every else 1  # Lightning's count of the cores, not the affinity's
+
+    def world_size(self, accelerator: str) -> int:
+        """The processes of the run: per node, times the nodes."""
+        return self.per_node(accelerator) * self.nodes

@@ -6,19 +6,12 @@ from __future__ import annotations
 import pytest
 from lightning_fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
 
-from aiayn.training.cluster import cluster_environment, devices_per_node
+from aiayn.training.cluster import cluster_environment
 
 
 def slurm_job(monkeypatch: pytest.MonkeyPatch, tasks: int) -> None:
     for name, value in {"SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "agent", "SLURM_NTASKS": str(tasks)}.items():
         monkeypatch.setenv(name, value)
-
-
-@pytest.mark.parametrize(
-    ("devices", "count"), [(8, 8), ("2", 2), ([0, 3], 2), ("0,1,2", 3), ("auto", None), (-1, None)]
-)
-def test_devices_per_node_counts_what_trainer_devices_names(devices: object, count: int | None) -> None:
-    assert devices_per_node(devices) == count
 
 
 def test_a_one_task_slurm_job_with_several_devices_lets_lightning_start_the_ranks(

@@ -34,9 +34,10 @@ from typing import Any
 import pytorch_lightning as pl
 import torch
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
 from aiayn.errors import ConfigError, first_line
+from aiayn.machine import Devices
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,8 @@ def starts_ranks(trainer: DictConfig) -> bool:
     unless a cluster (SLURM, torchrun) started them."""
     strategy = trainer.get("strategy")
     name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
-    devices = trainer.get("devices", 1)
-    many = (len(devices) > 1) if OmegaConf.is_list(devices) else str(devices) not in ("1", "auto")
-    return "ddp" in name.lower() and (many or int(trainer.get("num_nodes", 1) or 1) > 1)
+    devices = Devices.parse(trainer.get("devices", 1), trainer.get("num_nodes", 1))
+    return "ddp" in name.lower() and devices.several
 
 
 def check_launcher(trainer: DictConfig, hydra_cfg: DictConfig) -> None:

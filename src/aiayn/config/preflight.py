@@ -21,8 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from aiayn.config.build import check_known, parameters
-from aiayn.errors import ConfigError, is_number, whole
-from aiayn.machine import available_cpus
+from aiayn.errors import ConfigError, FieldError, is_number, whole
+from aiayn.machine import GPU_ACCELERATORS, Devices, available_cpus
 from aiayn.training.metrics import EVALUATION_METRICS
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
@@ -70,7 +70,7 @@ def check_resolvable(cfg: DictConfig) -> None:
 
 def check_trainer(trainer: DictConfig) -> None:
     """Devices that exist, a precision Lightning knows, step and epoch limits it can use."""
-    check_devices(trainer.get("accelerator", "auto"), trainer.get("devices", "auto"))
+    check_devices(trainer.get("accelerator", "auto"), trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
     precision = trainer.get("precision", "32-true")
     if precision is not None and precision not in PRECISIONS:  # null: Lightning's default, or a plugin's
         raise ConfigError("trainer.precision", precision, "must be one of 32-true, bf16-mixed, 16-mixed, bf16-true")
@@ -78,7 +78,7 @@ def check_trainer(trainer: DictConfig) -> None:
         value = trainer.get(key, -1)
         if value is not None and value != -1 and not whole(value, 1):
             raise ConfigError(f"trainer.{key}", value, "must be a whole number >= 1, or -1 for no limit")
-    for key, minimum in (("accumulate_grad_batches", 1), ("num_nodes", 1), ("log_every_n_steps", 0)):
+    for key, minimum in (("accumulate_grad_batches", 1), ("log_every_n_steps", 0)):
         if key in trainer and not whole(trainer[key], minimum):
             raise ConfigError(f"trainer.{key}", trainer[key], f"must be a whole number >= {minimum}")
     if trainer.get("check_val_every_n_epoch") is not None and not whole(trainer.check_val_every_n_epoch, 1):
@@ -141,32 +141,28 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         )
 
 
-def check_devices(accelerator: str, devices: Any) -> None:
-    """Fail before any work when ``trainer.devices`` asks for devices this machine does not have: GPUs
-    that are not visible, or more DDP processes on the CPU than it has cores."""
+def check_devices(accelerator: str, devices: Any, num_nodes: Any = 1) -> Devices:
+    """``trainer.devices`` read (:class:`~aiayn.training.devices.Devices`), failing before any work when it
+    asks for devices this machine does not have: GPUs that are not visible, or more DDP processes on the
+    CPU than it has cores."""
+    try:
+        parsed = Devices.parse(devices, num_nodes)
+    except FieldError as error:
+        raise ConfigError(f"trainer.{error.field}", error.value, error.allowed) from None
     gpus = torch.cuda.device_count()
-    kind = "gpu" if accelerator in ("gpu", "cuda") or (accelerator == "auto" and gpus) else accelerator
+    kind = "gpu" if accelerator in GPU_ACCELERATORS or (accelerator == "auto" and gpus) else accelerator
     if kind == "gpu" and not gpus:
         raise ConfigError(
             "trainer.accelerator", accelerator, "needs a CUDA GPU; none is visible here (use hardware=cpu)"
         )
-    if devices in ("auto", -1, "-1"):
-        return  # every device present
+    if parsed.count is None:
+        return parsed  # every device present
+    if parsed.indices is not None:
+        if kind == "gpu" and any(index >= gpus for index in parsed.indices):
+            raise ConfigError("trainer.devices", devices, f"names a GPU that is not among the {gpus} visible here")
+        return parsed
     present = gpus if kind == "gpu" else available_cpus() if kind == "cpu" else None
     what = "GPU(s) visible" if kind == "gpu" else "CPU cores (one per process)"
-    if isinstance(devices, str) and devices.strip().isdigit():
-        devices = int(devices)
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        if devices < 1:
-            raise ConfigError("trainer.devices", devices, "must be a number of devices >= 1, -1 or auto (all)")
-        if present is not None and devices > present:
-            raise ConfigError("trainer.devices", devices, f"is more than the {present} {what} here")
-        return
-    try:  # a list of device indices, or Lightning's "0,1"
-        indices = [int(i) for i in (devices.split(",") if isinstance(devices, str) else devices) if str(i).strip()]
-    except (TypeError, ValueError):
-        raise ConfigError(
-            "trainer.devices", devices, "must be a number of devices, a list of indices, -1 or auto"
-        ) from None
-    if kind == "gpu" and any(not 0 <= i < gpus for i in indices):
-        raise ConfigError("trainer.devices", devices, f"names a GPU that is not among the {gpus} visible here")
+    if present is not None and parsed.count > present:
+        raise ConfigError("trainer.devices", devices, f"is more than the {present} {what} here")
+    return parsed

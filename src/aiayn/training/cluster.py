@@ -16,21 +16,9 @@ from typing import Any
 
 from lightning_fabric.plugins.environments import ClusterEnvironment, LightningEnvironment, SLURMEnvironment
 
+from aiayn.machine import Devices
+
 log = logging.getLogger(__name__)
-
-
-def devices_per_node(devices: Any) -> int | None:
-    """The processes a node runs for ``trainer.devices``: a count, or a list of device indices; None when
-    Lightning decides (``auto``, -1)."""
-    if isinstance(devices, list | tuple):
-        return len(devices)
-    if isinstance(devices, str) and "," in devices:
-        return len([index for index in devices.split(",") if index.strip()])
-    try:
-        count = int(devices)
-    except (TypeError, ValueError):
-        return None
-    return count if count > 0 else None
 
 
 def cluster_environment(options: dict[str, Any], plugins: list[Any]) -> list[ClusterEnvironment]:
@@ -39,8 +27,8 @@ def cluster_environment(options: dict[str, Any], plugins: list[Any]) -> list[Clu
     decides, or the user's own plugin does)."""
     if any(isinstance(plugin, ClusterEnvironment) for plugin in plugins) or not SLURMEnvironment.detect():
         return []
-    devices = devices_per_node(options.get("devices", "auto"))
-    if os.environ.get("SLURM_NTASKS") != "1" or int(options.get("num_nodes", 1)) != 1 or not devices or devices < 2:
+    devices = Devices.parse(options.get("devices", "auto"), options.get("num_nodes", 1))
+    if os.environ.get("SLURM_NTASKS") != "1" or devices.nodes != 1 or devices.count is None or devices.count < 2:
         return []
-    log.info("a SLURM job of one task runs %d ranks on its node: Lightning starts them itself", devices)
+    log.info("a SLURM job of one task runs %d ranks on its node: Lightning starts them itself", devices.count)
     return [LightningEnvironment()]

@@ -13,8 +13,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from aiayn.errors import FieldError
+from aiayn.machine import GPU_ACCELERATORS, Devices
+
 DEVICES_ENV = "AIAYN_SWEEP_DEVICES"
-GPU_ACCELERATORS = ("gpu", "cuda")
 
 
 class PlacementError(ValueError):
@@ -39,21 +41,20 @@ def devices_needed(trainer: Any, available: int) -> int:
     accelerator = str(trainer.get("accelerator", "auto"))
     if accelerator not in GPU_ACCELERATORS and not (accelerator == "auto" and available):
         return 0
-    if int(trainer.get("num_nodes", 1) or 1) > 1:
+    try:
+        devices = Devices.parse(trainer.get("devices", "auto"), trainer.get("num_nodes", 1))
+    except FieldError as error:
+        raise PlacementError(f"trainer.{error}") from None
+    if devices.nodes > 1:
         raise PlacementError(
-            f"trainer.num_nodes={trainer.num_nodes} runs on several nodes; send the sweep to SLURM (--launcher slurm)"
+            f"trainer.num_nodes={devices.nodes} runs on several nodes; send the sweep to SLURM (--launcher slurm)"
         )
-    devices = trainer.get("devices", "auto")
-    if devices in ("auto", -1, "-1"):
-        return available
-    if isinstance(devices, str) and devices.strip().isdigit():
-        return int(devices)
-    if isinstance(devices, int) and not isinstance(devices, bool):
-        return devices
-    raise PlacementError(
-        f"trainer.devices={devices} names devices, and the sweep places its trials itself: give how many "
-        "(trainer.devices=2)"
-    )
+    if devices.indices is not None:
+        raise PlacementError(
+            f"trainer.devices={trainer.devices} names devices, and the sweep places its trials itself: give how "
+            "many (trainer.devices=2)"
+        )
+    return available if devices.count is None else devices.count
 
 
 class DevicePool:
