@@ -9,14 +9,13 @@ import pytorch_lightning as pl
 import torch
 from hydra.utils import instantiate
 
-from aiayn.config.build import trainer_options, transformer_config
+from aiayn.config.build import transformer_config
 from aiayn.config.compose import compose_config, config_dir
 from aiayn.config.plan import module_settings, plan_run
 from aiayn.config.preflight import check_checkpointing
 from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer
-from aiayn.training.batching import configure_batching
 from helpers.compose import composed_run
 
 CONF = Path(config_dir())
@@ -77,9 +76,10 @@ def test_experiments_compose_and_instantiate(option: str) -> None:
     assert module.model.cfg.vocab_size == cfg.data.vocab_size
     plan = plan_run(cfg)  # the data module as a run makes it: data.max_tokens=null takes the largest share
     assert isinstance(plan.data, TranslationDataModule)
-    trainer = pl.Trainer(**trainer_options(cfg.trainer), logger=False, enable_checkpointing=False)
-    assert trainer.max_steps == cfg.trainer.max_steps
-    batching = configure_batching(trainer, plan.batch, cfg.checkpoint.every_steps)
+    trainer = pl.Trainer(**plan.trainer, logger=False, enable_checkpointing=False)
+    assert trainer.max_steps == cfg.trainer.max_steps and trainer.world_size == plan.world_size
+    batching = plan.batching
+    assert trainer.accumulate_grad_batches == batching["accumulation"]
     if cfg.tokens_per_step is None:
         assert trainer.accumulate_grad_batches == cfg.trainer.accumulate_grad_batches
     else:  # the paper's 25000 tokens in one micro-batch on this one device

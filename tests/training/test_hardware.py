@@ -20,8 +20,8 @@ from aiayn.config.build import trainer_options
 from aiayn.config.compose import compose_config, compose_run_config
 from aiayn.errors import ConfigError
 from aiayn.experiments.run import train
-from aiayn.machine import cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
-from aiayn.training.batching import BatchSettings, accumulation_steps, configure_batching, micro_batches
+from aiayn.machine import Devices, cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
+from aiayn.training.batching import BatchSettings, accumulation_steps, micro_batches, plan_batches, trainer_arguments
 from helpers.runs import resumable_run, train_in_process
 
 EXPECTED = {  # option: (accelerator, devices, nodes, precision, DDP backend)
@@ -167,20 +167,27 @@ def test_accumulation_reaches_the_tokens_per_step_on_any_number_of_devices(
     assert all(abs(steps * max_tokens * world - 25000) <= abs(n * max_tokens * world - 25000) for n in range(1, 40))
 
 
-@pytest.mark.parametrize(("devices", "expected"), [(1, 8), (2, 4), (8, 1)])
-def test_a_real_trainer_gets_its_accumulation_from_its_world_size(devices: int, expected: int) -> None:
+def planned_trainer(devices: int, batching: dict[str, Any], every_steps: int | None) -> pl.Trainer:
+    """A real Trainer on ``devices`` CPU processes with the arguments the planned batches set."""
     strategy = "ddp" if devices > 1 else "auto"
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1)
-    batching = configure_batching(trainer, BatchSettings(tokens_per_step=25000, max_tokens=3125), every_steps=100)
+    arguments = trainer_arguments(batching, every_steps)
+    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1, **arguments)
+
+
+@pytest.mark.parametrize(("devices", "expected"), [(1, 8), (2, 4), (8, 1)])
+def test_a_real_trainer_gets_the_accumulation_planned_for_its_world_size(devices: int, expected: int) -> None:
+    world = Devices.parse(devices).world_size("cpu")
+    batching = plan_batches(BatchSettings(tokens_per_step=25000, max_tokens=3125), world, accumulate=1)
+    trainer = planned_trainer(devices, batching, every_steps=100)
+    assert trainer.world_size == world == devices
     assert trainer.accumulate_grad_batches == batching["accumulation"] == expected
     assert batching["max_tokens_per_step"] == 25000 and batching["world_size"] == devices
     assert trainer.val_check_interval == 100 * expected  # validation every 100 optimizer steps
 
 
 def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
-    trainer = pl.Trainer(accelerator="cpu", accumulate_grad_batches=4, logger=False, enable_checkpointing=False)
     with pytest.raises(ValueError, match=r"trainer\.accumulate_grad_batches=4 conflicts with tokens_per_step=25000"):
-        configure_batching(trainer, BatchSettings(tokens_per_step=25000, max_tokens=3125), every_steps=None)
+        plan_batches(BatchSettings(tokens_per_step=25000, max_tokens=3125), 1, accumulate=4)
     with pytest.raises(ValueError, match=r"tokens_per_step=0"):
         accumulation_steps(0, 3125, 1)
 
@@ -216,11 +223,9 @@ def test_each_device_takes_its_share_as_one_micro_batch_unless_it_is_over_the_ca
 def test_a_real_trainer_takes_its_share_of_tokens_per_step_and_says_how(
     devices: int, cap: int | None, micro: int, accumulation: int
 ) -> None:
-    strategy = "ddp" if devices > 1 else "auto"
-    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, max_steps=1)
     batch = BatchSettings(tokens_per_step=25000, max_tokens=None, cap=cap, max_len=256)
-    assert batch.largest == (cap or 25000)  # the data module's budget until the device count is known
-    batching = configure_batching(trainer, batch, every_steps=100)
+    batching = plan_batches(batch, devices, accumulate=1)
+    trainer = planned_trainer(devices, batching, every_steps=100)
     assert trainer.accumulate_grad_batches == batching["accumulation"] == accumulation
     assert batching["max_tokens_per_device"] == micro and batching["world_size"] == devices
     assert batching["formed"] == "tokens_per_step / world_size" + (f" within micro_batch_cap={cap}" if cap else "")

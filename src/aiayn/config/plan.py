@@ -29,8 +29,9 @@ from aiayn.config.settings import check_settings
 from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.errors import ConfigError, whole
+from aiayn.machine import Devices
 from aiayn.model import DecodingOptions, TransformerConfig
-from aiayn.training.batching import BatchSettings
+from aiayn.training.batching import BatchSettings, plan_batches, trainer_arguments
 from aiayn.training.callbacks.ema import EmaSettings
 from aiayn.training.callbacks.garbage import ScheduledCollection
 from aiayn.training.callbacks.progress import progress_style
@@ -90,6 +91,9 @@ class CheckpointPolicy:
         if self.average_every is not None and not whole(self.average_every, 1):
             allowed = "must be a whole number of optimizer steps >= 1, or null (step checkpoints at validations)"
             raise ConfigError("checkpoint.average_every", self.average_every, allowed)
+        if self.every_steps is not None and not whole(self.every_steps, 1):
+            allowed = "must be a positive number of optimizer steps (or null)"
+            raise ConfigError("checkpoint.every_steps", self.every_steps, allowed)
 
 
 @dataclass
@@ -102,7 +106,8 @@ class RunPlan:
     checkpoint: CheckpointPolicy
     ema: EmaSettings  # an exponential moving average of the weights, or none (decay null or 0)
     trainer: dict[str, Any]  # pl.Trainer's arguments, its strategy and plugins built
-    batch: BatchSettings  # the effective batch and the micro-batches that form it (aiayn.training.batching)
+    batching: dict[str, Any]  # the effective batch and the micro-batches that form it (aiayn.training.batching)
+    world_size: int  # the processes trainer.devices and trainer.num_nodes make, which the Trainer must match
     progress: str  # rich, tqdm or quiet
     samples: ValidationSamples
     sdpa: SdpaBackends  # the attention kernels the run allows
@@ -130,7 +135,24 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
     batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
-    data = instantiated(cfg.data, max_tokens=batch.largest)  # the trainer's device count sets it (run.py)
+    devices = Devices.parse(cfg.trainer.get("devices", "auto"), cfg.trainer.get("num_nodes", 1))
+    world_size = devices.world_size(str(cfg.trainer.get("accelerator", "auto")))
+    checkpoint = CheckpointPolicy(
+        monitor=cfg.checkpoint.monitor,
+        mode=cfg.checkpoint.mode,
+        keep_last=cfg.checkpoint.keep_last,
+        average_last=cfg.checkpoint.average_last,
+        evaluate=cfg.checkpoint.evaluate,
+        every_steps=cfg.checkpoint.every_steps,
+        average_every=cfg.checkpoint.average_every,
+        answer=cfg.checkpoint.answer,
+    )
+    batching = plan_batches(batch, world_size, cfg.trainer.get("accumulate_grad_batches", 1))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    # data.max_tokens=null: the device's share; the stored config (config.yaml, checkpoints) holds it, as what
+    # the run trained on and what a resume must match.
+    resolved["data"]["max_tokens"] = batching["max_tokens_per_device"]
+    data = instantiated(cfg.data, max_tokens=batching["max_tokens_per_device"])
     sdpa = SdpaBackends(
         OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends
     )
@@ -138,28 +160,21 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
     trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
+    trainer |= trainer_arguments(batching, checkpoint.every_steps)
     trainer.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer.setdefault("enable_model_summary", progress != "quiet")
     ema = ema_settings(cfg.ema)
     if cfg.checkpoint.answer == "ema" and not ema.decay:
         raise ConfigError("checkpoint.answer", "ema", "needs an EMA of the weights: set ema.decay (e.g. 0.999)")
     return RunPlan(
-        resolved=OmegaConf.to_container(cfg, resolve=True),
+        resolved=resolved,
         module=module,
         data=data,
-        checkpoint=CheckpointPolicy(
-            monitor=cfg.checkpoint.monitor,
-            mode=cfg.checkpoint.mode,
-            keep_last=cfg.checkpoint.keep_last,
-            average_last=cfg.checkpoint.average_last,
-            evaluate=cfg.checkpoint.evaluate,
-            every_steps=cfg.checkpoint.every_steps,
-            average_every=cfg.checkpoint.average_every,
-            answer=cfg.checkpoint.answer,
-        ),
+        checkpoint=checkpoint,
         ema=ema,
         trainer=trainer,
-        batch=batch,
+        batching=batching,
+        world_size=world_size,
         progress=progress,
         samples=samples,
         sdpa=sdpa,

@@ -28,12 +28,13 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from aiayn.config.build import build_loggers
 from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
+from aiayn.errors import ConfigError
 from aiayn.experiments.resume import requested_checkpoint, resume_from
 from aiayn.experiments.run_info import log_run_config
 from aiayn.files import TEST_TRANSLATIONS, atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
-from aiayn.training.batching import batch_layout, configure_batching
+from aiayn.training.batching import batch_layout
 from aiayn.training.callbacks.checkpointing import FinalStepValidation, LastCheckpoint, validation_checkpoints
 from aiayn.training.callbacks.ema import ExponentialMovingAverage, ema_checkpoint
 from aiayn.training.callbacks.faults import NonFiniteGuard
@@ -147,10 +148,14 @@ def train(
         pl.seed_everything(plan.seed, workers=True)  # before the module: its initial weights are drawn
         module = plan.module.build()
         trainer = build_trainer(plan, run_dir, [*run.all(), *callbacks], loggers, module)
-        batching = configure_batching(trainer, plan.batch, plan.checkpoint.every_steps)
-        # data.max_tokens=null: the device's share, now that the device count is known; the stored config
-        # (config.yaml, checkpoints) holds it, as what the run trained on and what a resume must match.
-        plan.data.max_tokens = plan.resolved["data"]["max_tokens"] = batching["max_tokens_per_device"]
+        batching = plan.batching
+        if trainer.world_size != plan.world_size:  # the batches were planned for the processes the settings make
+            raise ConfigError(
+                "trainer.devices",
+                plan.trainer.get("devices", "auto"),
+                f"with trainer.num_nodes={plan.trainer.get('num_nodes', 1)} makes {plan.world_size} process(es), "
+                f"but this run has {trainer.world_size} (its launcher's); set them to what the launcher starts",
+            )
         # The batch layout is the built trainer's (its world size), the tokenizer the prepared cache's.
         resume = resume_from(
             plan.resume, run_dir, plan.resolved, plan.data.cache_folder(), batch_layout(trainer), plan.own_overrides

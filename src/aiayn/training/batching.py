@@ -66,15 +66,6 @@ class BatchSettings:
                 "device's share of tokens_per_step within the cap",
             )
 
-    @property
-    def largest(self) -> int:
-        """The most tokens a micro-batch can hold on any number of devices (the data module's budget
-        until the trainer knows how many devices share ``tokens_per_step``)."""
-        if self.max_tokens is not None:
-            return self.max_tokens
-        assert self.tokens_per_step is not None  # checked when made
-        return min(self.tokens_per_step, self.cap or self.tokens_per_step)
-
 
 def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -> int:
     """Per-device batches to accumulate so that ``world_size`` devices with ``max_tokens`` each make
@@ -114,33 +105,27 @@ def micro_batches(tokens_per_step: int, world_size: int, cap: int | None = None,
     return tokens, steps
 
 
-def configure_batching(trainer: pl.Trainer, batch: BatchSettings, every_steps: int | None) -> dict[str, Any]:
-    """Set the trainer's gradient accumulation as ``batch`` says on its number of devices, and its
-    validation interval from ``every_steps`` (optimizer steps, which Lightning counts in batches); return
-    what was chosen: the tokens of a device's micro-batch (``max_tokens_per_device``, the data module's
-    budget) and how they were chosen (``formed``)."""
-    world, tokens_per_step = trainer.world_size, batch.tokens_per_step
-    if tokens_per_step is not None and trainer.accumulate_grad_batches != 1:
+def plan_batches(batch: BatchSettings, world: int, accumulate: int) -> dict[str, Any]:
+    """The batches of a run on ``world`` processes, planned before its Trainer exists: the tokens of a
+    device's micro-batch (``max_tokens_per_device``, the data module's budget), the micro-batches each
+    optimizer step accumulates (``accumulation``: ``accumulate``, ``trainer.accumulate_grad_batches``,
+    unless ``batch.tokens_per_step`` sets it), and how they were chosen (``formed``). The record goes into
+    results.json; :func:`trainer_arguments` turns it into the Trainer's."""
+    tokens_per_step = batch.tokens_per_step
+    if tokens_per_step is not None and accumulate != 1:
         raise ConfigError(
             "trainer.accumulate_grad_batches",
-            trainer.accumulate_grad_batches,
+            accumulate,
             f"conflicts with tokens_per_step={tokens_per_step}, which sets the gradient accumulation; "
             "remove one of them",
         )
-    max_tokens, formed = batch.max_tokens, "data.max_tokens"
+    max_tokens, formed, accumulation = batch.max_tokens, "data.max_tokens", accumulate
     if max_tokens is None:
         assert tokens_per_step is not None  # checked when made
-        max_tokens, trainer.accumulate_grad_batches = micro_batches(tokens_per_step, world, batch.cap, batch.max_len)
+        max_tokens, accumulation = micro_batches(tokens_per_step, world, batch.cap, batch.max_len)
         formed = "tokens_per_step / world_size" + (f" within micro_batch_cap={batch.cap}" if batch.cap else "")
     elif tokens_per_step is not None:
-        trainer.accumulate_grad_batches = accumulation_steps(tokens_per_step, max_tokens, world)
-    accumulation = trainer.accumulate_grad_batches
-    if every_steps is not None:
-        if not isinstance(every_steps, int) or every_steps < 1:
-            allowed = "must be a positive number of optimizer steps (or null)"
-            raise ConfigError("checkpoint.every_steps", every_steps, allowed)
-        trainer.val_check_interval = every_steps * accumulation
-        trainer.check_val_every_n_epoch = None  # the interval may span epochs
+        accumulation = accumulation_steps(tokens_per_step, max_tokens, world)
     batching = {
         "world_size": world,
         "max_tokens_per_device": max_tokens,
@@ -159,6 +144,15 @@ def configure_batching(trainer: pl.Trainer, batch: BatchSettings, every_steps: i
         f"; tokens_per_step={tokens_per_step}" if tokens_per_step else "",
     )
     return batching
+
+
+def trainer_arguments(batching: dict[str, Any], every_steps: int | None) -> dict[str, Any]:
+    """The Trainer's arguments the planned batches set: the accumulation, and with ``every_steps`` (optimizer
+    steps, which Lightning counts in batches) the validation interval, which may then span epochs."""
+    arguments: dict[str, Any] = {"accumulate_grad_batches": batching["accumulation"]}
+    if every_steps is not None:
+        arguments |= {"val_check_interval": every_steps * batching["accumulation"], "check_val_every_n_epoch": None}
+    return arguments
 
 
 def batch_layout(trainer: pl.Trainer) -> dict[str, int]:
