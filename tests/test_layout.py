@@ -36,8 +36,13 @@ LEAVES = ("errors", "extras", "files", "scoring", "machine")
 # Rooms of a layer: sub-packages that hold one concern each, and the only modules of the layer they import.
 ROOMS = {
     "experiments": {
-        "sweeps": {"aiayn.experiments.sweeps"},  # sweep files, state, trials, runner, launchers, placement
-        "report": {"aiayn.experiments.report", "aiayn.experiments.sweeps.state", "aiayn.experiments.table3"},
+        "sweeps": {"aiayn.experiments.sweeps", "aiayn.experiments.results"},  # files, state, trials, runner, placement
+        "report": {
+            "aiayn.experiments.report",
+            "aiayn.experiments.results",  # the one schema of results.json, which the run writes
+            "aiayn.experiments.sweeps.state",
+            "aiayn.experiments.table3",
+        },
     },
 }
 LIGHTNING = ("pytorch_lightning", "lightning", "lightning_fabric", "torchmetrics")

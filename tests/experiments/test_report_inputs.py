@@ -21,6 +21,8 @@ import yaml
 
 from aiayn.cli import report as report_cli
 from aiayn.experiments.report.document import write_report
+from aiayn.experiments.report.runs import RESULT_FIELDS
+from aiayn.experiments.results import ANSWERS, EVALUATED, RESULTS_FILE
 
 
 class _Removed:
@@ -493,3 +495,11 @@ def test_nothing_is_written_outside_the_output_folder(
     assert tree(sentinel) == {"bleu_ppl_vs_positional.png": (False, b"mine"), "report.md": (False, b"mine")}
     assert tree(sweep) == inputs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "sentinel", "sweep"]
+
+
+def test_the_report_reads_results_json_as_the_run_writes_it(smoke_run_dir: Path) -> None:
+    """One schema: every field the report reads is one a run writes, in the words the run uses."""
+    written = json.loads((smoke_run_dir / RESULTS_FILE).read_text())
+    assert {key for key, *_ in RESULT_FIELDS} <= set(written)
+    assert written["evaluated"] in EVALUATED and written["answer"] in ANSWERS
+    assert set(EVALUATED) == {"best", "final"}  # checkpoint.evaluate's values, which the run records

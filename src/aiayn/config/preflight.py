@@ -104,7 +104,7 @@ def check_positions(data: DictConfig, model: DictConfig) -> None:
         )
 
 
-ANSWERS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the run's answer
+ANSWER_SETTINGS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the answer
 
 
 def check_checkpointing(checkpoint: DictConfig) -> None:
@@ -120,7 +120,7 @@ def check_checkpointing(checkpoint: DictConfig) -> None:
         raise ConfigError(
             "checkpoint.evaluate", checkpoint.evaluate, "must be best (by checkpoint.monitor) or final (the last step)"
         )
-    if checkpoint.answer not in ANSWERS:
+    if checkpoint.answer not in ANSWER_SETTINGS:
         allowed = "must be evaluated (checkpoint.evaluate's), averaged (checkpoint.average_last's) or ema (ema.decay's)"
         raise ConfigError("checkpoint.answer", checkpoint.answer, allowed)
     if checkpoint.mode not in ("min", "max"):

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from aiayn.config.build import build_loggers
 from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
+from aiayn.experiments.results import RESULTS_FILE, RunResults
 from aiayn.experiments.resume import requested_checkpoint, resume_from
 from aiayn.experiments.run_info import log_run_config
 from aiayn.files import TEST_TRANSLATIONS, atomic_write, run_folder_held
@@ -53,48 +54,6 @@ from aiayn.training.module import TranslationModule
 from aiayn.training.restored_state import RestoredState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResults:
-    """``results.json``: what a finished run reports, each field once. The test fields are absent for a
-    corpus without a test split, the averaged ones when fewer than two checkpoints were averaged, the EMA's
-    when the run kept none (``ema.decay``)."""
-
-    params: int
-    val_bleu: float  # val_* and test_* are the evaluated checkpoint's
-    val_ppl: float
-    val_loss: float
-    best_val_bleu: float | None  # the best validation BLEU of the run (best.ckpt's), when it monitors val/bleu
-    best_score: float | None  # the best value of checkpoint.monitor (best.ckpt's): what Hydra's sweepers optimise
-    decoding: dict[str, Any]  # the tests' and the final validation's (val_* are reported next to test_*)
-    val_decoding: dict[str, Any]  # the validations' while training, which ranked the checkpoints (best_*)
-    steps: int
-    epochs: int
-    train_tokens: int  # real source + target tokens of the whole run, all ranks, resumed parts included
-    train_tokens_per_s: float
-    evaluated: str  # checkpoint.evaluate: "best" or "final"
-    evaluated_checkpoint: str  # relative to the run folder, unless it lies in the folder of a resumed run
-    best_checkpoint: str
-    resumed_from: str | None
-    test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, test_sentences, sacrebleu_signature
-    averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
-    ema: dict[str, Any]  # test_bleu_ema, test_chrf_ema (aiayn.training.callbacks.ema)
-    answer: dict[str, Any]  # answer (checkpoint.answer, resolved), answer_checkpoint, answer_test_bleu, _chrf
-    batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
-    data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)
-    data_cache: str  # the data's cache entry: corpus content, direction and vocabulary (what aiayn-report keys by)
-    skipped_steps: int  # non-finite loss or gradients (aiayn.training.callbacks.faults)
-    overflow_steps: int  # fp16 steps the gradient scaler skipped
-    wall_s: float
-    overrides: list[str]  # the command line's, which define the run
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields in order, with the test, averaged and EMA scores' own keys in place of the groups."""
-        flat: dict[str, Any] = {}
-        for key, value in asdict(self).items():
-            flat.update(value if key in ("test", "averaged", "ema", "answer") else {key: value})
-        return flat
 
 
 @dataclass
@@ -169,7 +128,7 @@ def train(
             fit(trainer, module, plan.data, run.last, resume)
             results = collect_results(plan, trainer, module, run, run_dir, resume, batching, start)
             if trainer.is_global_zero:
-                atomic_write(run_dir / "results.json", json.dumps(results, indent=2) + "\n")
+                atomic_write(run_dir / RESULTS_FILE, json.dumps(results, indent=2) + "\n")
         finally:
             finish_loggers(loggers, failed=results is None, summary=results)
         return results

@@ -27,19 +27,16 @@ from aiayn.experiments.report.records import (
     read_record,
     whole_in,
 )
+from aiayn.experiments.results import ANSWERS, EVALUATED, RESULTS_FILE
 from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
 
 log = logging.getLogger(__name__)
 
-RESULTS, CONFIG = "results.json", "config.yaml"
+CONFIG = "config.yaml"
 HYDRA_RECORD = Path(".hydra") / "hydra.yaml"
 RUN_SUBFOLDERS = {".hydra", "checkpoints", "csv", "wandb"}  # hold no runs: not walked
-EVALUATED = ("best", "final", "averaged")  # results.json's "evaluated": the checkpoint val_* and test_* are of
-# results.json's "answer" (aiayn.experiments.run.run_answer): the tested checkpoint a run answers with, the
-# evaluated one by its name (best or final), or the average or the EMA of the weights.
-ANSWERS = ("best", "final", "averaged", "ema")
 BLEU = (number_in(0, 100), "must be a BLEU score from 0 to 100")
 # The fields of results.json the report reads: (key, check, what it must be, default; none: required).
 RESULT_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
@@ -156,10 +153,10 @@ def read_run(folder: Path) -> Run:
     """The finished run in ``folder``, every field the report uses checked: :class:`DataError` naming the
     file and the field when one is not as aiayn-train writes it."""
     if not (folder / CONFIG).is_file():
-        raise DataError(f"{folder / RESULTS}: no {CONFIG} beside it; it is not a run of aiayn-train")
-    results = read_record(folder / RESULTS)
-    checked = {key: field_of(results, key, folder / RESULTS, *check) for key, *check in RESULT_FIELDS}
-    answer = answer_of(checked, results, folder / RESULTS)
+        raise DataError(f"{folder / RESULTS_FILE}: no {CONFIG} beside it; it is not a run of aiayn-train")
+    results = read_record(folder / RESULTS_FILE)
+    checked = {key: field_of(results, key, folder / RESULTS_FILE, *check) for key, *check in RESULT_FIELDS}
+    answer = answer_of(checked, results, folder / RESULTS_FILE)
     config = read_record(folder / CONFIG)
     columns = [field_of(config, key, folder / CONFIG, *COLUMN_FIELDS.get(key, ANY_COLUMN)) for _, key in COLUMNS]
     stored = {key: field_of(config, key, folder / CONFIG, *check) for key, *check in CONFIG_FIELDS}
@@ -265,7 +262,7 @@ def find_runs(paths: Iterable[Path]) -> Found:
             raise FileNotFoundError(f"{path}: no such run or sweep folder")
         # the user named it: a link given is followed, links below it are not; a run's file is read as
         # such (a link or a pipe named results.json is refused as that file)
-        named_file = path.name in (RESULTS, CONFIG, STATE_FILE) and not path.is_dir()
+        named_file = path.name in (RESULTS_FILE, CONFIG, STATE_FILE) and not path.is_dir()
         root = path.parent.resolve() / path.name if named_file else path.resolve()
         if named_file and root.name != STATE_FILE:
             candidates[root.parent] = True
@@ -273,20 +270,20 @@ def find_runs(paths: Iterable[Path]) -> Found:
         if named_file:  # a sweep's state: the sweep, whose folder holds it
             root = root.parent
         if not root.is_dir():
-            raise ValueError(f"{path}: not a run or sweep folder, nor a {RESULTS}, {CONFIG} or {STATE_FILE}")
+            raise ValueError(f"{path}: not a run or sweep folder, nor a {RESULTS_FILE}, {CONFIG} or {STATE_FILE}")
         found = []
         for folder, dirs, files in os.walk(root):  # followlinks=False: a link to / is not walked
             here = Path(folder)
-            if RESULTS in files and (CONFIG in files or here == root):
+            if RESULTS_FILE in files and (CONFIG in files or here == root):
                 found.append(here)
             # Hydra writes .hydra/ when a run starts; results.json comes at the end
-            elif ".hydra" in dirs and RESULTS not in files:
+            elif ".hydra" in dirs and RESULTS_FILE not in files:
                 unfinished.add(here)
             if STATE_FILE in files:
                 sweeps[here / STATE_FILE] = sweeps.get(here / STATE_FILE, False) or here == root
-            if RESULTS in files or ".hydra" in dirs:
+            if RESULTS_FILE in files or ".hydra" in dirs:
                 dirs[:] = [d for d in dirs if d not in RUN_SUBFOLDERS]
-        for here in sorted(found, key=lambda f: str(f / RESULTS)):
+        for here in sorted(found, key=lambda f: str(f / RESULTS_FILE)):
             candidates[here] = candidates.get(here, False) or here == root
     runs, skipped = [], []
     for folder, named in candidates.items():

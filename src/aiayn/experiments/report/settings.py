@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiayn.experiments.report.runs import CONDITION_NAMES, RESULTS, Conditions, Run
+from aiayn.experiments.report.runs import CONDITION_NAMES, Conditions, Run
+from aiayn.experiments.results import RESULTS_FILE
 from aiayn.experiments.table3 import PAPER, family_rows
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def group_settings(runs: Sequence[Run]) -> list[Setting]:
             setting.runs.append(run)
             continue
         # one run per seed (two sweeps may both hold base; a seed may be proposed twice): the newest
-        newer, older = sorted((run, same), key=lambda r: (r.folder / RESULTS).stat().st_mtime, reverse=True)
+        newer, older = sorted((run, same), key=lambda r: (r.folder / RESULTS_FILE).stat().st_mtime, reverse=True)
         setting.runs[setting.runs.index(same)] = newer
         log.info("%s repeats seed %s of %s; %s counts", older.folder, run.seed, setting.label, newer.folder)
     labelled(list(settings.values()))

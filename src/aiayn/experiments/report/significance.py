@@ -13,8 +13,9 @@ from aiayn.data.corpus import read_lines
 from aiayn.data.stored import instantiated_from_checkpoint, stored_targets
 from aiayn.errors import DataError
 from aiayn.experiments.report.records import HYPOTHESES_BYTES, inside_folder, shown
-from aiayn.experiments.report.runs import CONDITION_NAMES, CONFIG, RESULTS, TESTED_ON, Run
+from aiayn.experiments.report.runs import CONDITION_NAMES, CONFIG, TESTED_ON, Run
 from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.experiments.results import RESULTS_FILE
 from aiayn.scoring import SIGNIFICANCE_LEVEL, paired_bootstrap
 
 SIGNIFICANT = "*"  # after a p-value below SIGNIFICANCE_LEVEL
@@ -116,7 +117,7 @@ def tested_references(run: Run, data_root: Path) -> list[str]:
     references = references[: datamodule.eval_limit] if datamodule.eval_limit else references
     tested = run.conditions.test_sentences
     if tested is not None and tested != len(references):
-        raise Unpaired(f"{len(references)} test references in {data_root}, {run.folder / RESULTS} scored {tested}")
+        raise Unpaired(f"{len(references)} test references in {data_root}, {run.folder / RESULTS_FILE} scored {tested}")
     return references
 
 

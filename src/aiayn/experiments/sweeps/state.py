@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.errors import DataError, first_line, is_number, nesting, show, whole
+from aiayn.experiments.results import RESULTS_FILE
 from aiayn.files import atomic_write, read_plain_file
 
 STATE_FILE = "sweep.json"
@@ -102,7 +103,7 @@ class SweepState:
 
     def results(self, trial: Trial) -> Path:
         """The ``results.json`` of ``trial``'s run, once it has finished."""
-        return self.folder / (trial.run_dir or "") / "results.json"
+        return self.folder / (trial.run_dir or "") / RESULTS_FILE
 
     def save(self) -> None:
         state = {"config": self.config, "trials": [asdict(t) for t in self.trials]}
