@@ -11,8 +11,7 @@ from hydra.utils import instantiate
 
 from aiayn.config.build import transformer_config
 from aiayn.config.compose import compose_config, config_dir
-from aiayn.config.plan import module_settings, plan_run
-from aiayn.config.preflight import check_checkpointing
+from aiayn.config.plan import checkpoint_policy, module_settings, plan_run
 from aiayn.data import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
 from aiayn.data.corpus import MULTI30K_SPLITS
 from aiayn.model import Transformer
@@ -130,4 +129,4 @@ def test_bad_decoding_options_fail_when_the_module_is_built(override: str, messa
 def test_checkpoint_averaging_that_cannot_happen_fails_before_training(overrides: list[str], message: str) -> None:
     cfg = compose_config("train", overrides)
     with pytest.raises(ValueError, match=message):
-        check_checkpointing(cfg.checkpoint)
+        checkpoint_policy(cfg.checkpoint)

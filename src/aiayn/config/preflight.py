@@ -23,7 +23,6 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 from aiayn.config.build import check_known, parameters
 from aiayn.errors import ConfigError, FieldError, is_number, whole
 from aiayn.machine import GPU_ACCELERATORS, Devices, available_cpus
-from aiayn.training.metrics import EVALUATION_METRICS
 
 # Every value Lightning's `precision` accepts (16, "16-mixed", "bf16-mixed", ...).
 PRECISIONS = tuple(value for kind in typing.get_args(_PRECISION_INPUT) for value in typing.get_args(kind))
@@ -40,7 +39,6 @@ def check_run_config(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer)
     check_known("data", cfg.data, *parameters(get_class(cfg.data._target_)))
     check_positions(cfg.data, cfg.model)
-    check_checkpointing(cfg.checkpoint)
     if cfg.resume is not None and not isinstance(cfg.resume, bool | str):
         raise ConfigError("resume", cfg.resume, "must be true (the latest run of this name), a checkpoint, or null")
 
@@ -101,43 +99,6 @@ def check_positions(data: DictConfig, model: DictConfig) -> None:
             "data.max_len",
             max_len,
             f"is longer than model.max_positions={positions} learned positions; lower it or raise those",
-        )
-
-
-ANSWER_SETTINGS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the answer
-
-
-def check_checkpointing(checkpoint: DictConfig) -> None:
-    """``checkpoint.monitor`` is a metric every validation logs (else the run fails at its first
-    validation, after the work), ``checkpoint.mode`` says which way it improves, ``checkpoint.evaluate``
-    names a checkpoint, and ``checkpoint.keep_last`` and ``checkpoint.average_last`` fit together."""
-    monitored = [f"val/{name}" for name in EVALUATION_METRICS]
-    if checkpoint.monitor not in monitored:
-        raise ConfigError(
-            "checkpoint.monitor", checkpoint.monitor, f"is not a validation metric; use one of {', '.join(monitored)}"
-        )
-    if checkpoint.evaluate not in ("best", "final"):
-        raise ConfigError(
-            "checkpoint.evaluate", checkpoint.evaluate, "must be best (by checkpoint.monitor) or final (the last step)"
-        )
-    if checkpoint.answer not in ANSWER_SETTINGS:
-        allowed = "must be evaluated (checkpoint.evaluate's), averaged (checkpoint.average_last's) or ema (ema.decay's)"
-        raise ConfigError("checkpoint.answer", checkpoint.answer, allowed)
-    if checkpoint.mode not in ("min", "max"):
-        raise ConfigError(
-            "checkpoint.mode", checkpoint.mode, "must be max (val/bleu) or min (val/loss, val/nll, val/ppl)"
-        )
-    keep, average = checkpoint.keep_last, checkpoint.average_last
-    if not whole(keep, 0):
-        raise ConfigError("checkpoint.keep_last", keep, "must be a whole number >= 0 (0 keeps no step checkpoints)")
-    if not whole(average, 0):
-        raise ConfigError("checkpoint.average_last", average, "must be a whole number >= 0 (0 or 1: no averaging)")
-    if checkpoint.answer == "averaged" and average < 2:
-        allowed = f"needs checkpoints to average: set checkpoint.average_last>=2 (it is {average})"
-        raise ConfigError("checkpoint.answer", "averaged", allowed)
-    if average > max(keep, 1):
-        raise ConfigError(
-            "checkpoint.average_last", average, f"needs that many kept checkpoints; set checkpoint.keep_last>={average}"
         )
 
 

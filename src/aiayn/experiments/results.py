@@ -7,11 +7,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from aiayn.training.metrics import EVALUATED_CHECKPOINTS
+
 RESULTS_FILE = "results.json"
-EVALUATED = ("best", "final")  # "evaluated": checkpoint.evaluate, the checkpoint val_* and test_* are of
-# "answer" (aiayn.experiments.run.run_answer): the tested checkpoint the run answers with, the evaluated one
-# by its name, or the average or the EMA of the weights.
-ANSWERS = (*EVALUATED, "averaged", "ema")
+# "evaluated" is one of EVALUATED_CHECKPOINTS, the checkpoint val_* and test_* are of; "answer"
+# (aiayn.experiments.run.run_answer) the tested checkpoint the run answers with: the evaluated one by its
+# name, or the average or the EMA of the weights.
+ANSWERS = (*EVALUATED_CHECKPOINTS, "averaged", "ema")
 
 
 @dataclass

@@ -16,6 +16,9 @@ from aiayn.files import NotPlainFile, atomic_write, open_plain
 log = logging.getLogger(__name__)
 
 EVALUATION_METRICS = ("loss", "nll", "ppl", "bleu")  # logged as <stage>/<name> after each evaluation
+# The checkpoint a run validates and tests after training (checkpoint.evaluate, results.json's "evaluated"):
+# the best by its monitored metric, or the last step's.
+EVALUATED_CHECKPOINTS = ("best", "final")
 METRICS_CSV = Path("csv") / "metrics.csv"  # in a run folder: what the run's CSV logger writes
 METRIC_ROW_BYTES = 1 << 20  # a metrics row is some kB: a longer line is damage, skipped without being held
 _METRICS_FIX = "move it out of the run folder to continue the run without its earlier metric rows"

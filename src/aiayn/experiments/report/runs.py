@@ -27,10 +27,11 @@ from aiayn.experiments.report.records import (
     read_record,
     whole_in,
 )
-from aiayn.experiments.results import ANSWERS, EVALUATED, RESULTS_FILE
+from aiayn.experiments.results import ANSWERS, RESULTS_FILE
 from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
+from aiayn.training.metrics import EVALUATED_CHECKPOINTS
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ RESULT_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
     ("answer_test_bleu", optional(BLEU[0]), BLEU[1] + " or null", None),
     ("best_val_bleu", optional(BLEU[0]), BLEU[1] + " or null", None),
     ("wall_s", number_in(0, 1e10), "must be seconds (a number of at least 0)", None),
-    ("evaluated", lambda v: v in EVALUATED, f"must be one of {', '.join(EVALUATED)}", "best"),
+    ("evaluated", lambda v: v in EVALUATED_CHECKPOINTS, f"must be one of {', '.join(EVALUATED_CHECKPOINTS)}", "best"),
     ("test_sentences", whole_in(1, 10**9), "must be the whole number of test sentences scored", None),
     ("data_cache", is_name, "must be the name of a data cache entry", None),
     ("overrides", is_overrides, "must be a list of key=value overrides", MISSING),
