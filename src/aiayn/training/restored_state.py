@@ -9,8 +9,9 @@ what aiayn itself writes:
 - the weights, the optimizer and the schedule against this run's own module and optimizer (names,
   shapes, group sizes, Adam's switches);
 - the loop counters against the trainer's own loops (the same keys, whole numbers in range);
-- the callback states of aiayn's callbacks against what they save, and the checkpoint trackers' paths
-  against the run's own ``checkpoints/`` folder: a tracker that names anything else is dropped, and so
+- the callback states: aiayn's callbacks each check their own (:class:`~aiayn.training.saved_state.CheckedState`),
+  others must be plain data, and the checkpoint trackers' paths are checked against the run's own
+  ``checkpoints/`` folder: a tracker that names anything else is dropped, and so
   is every tracker of a checkpoint from another folder (it continues weights, optimizer moments,
   schedule position, data position and random state, never another folder's bookkeeping).
 
@@ -22,12 +23,10 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytorch_lightning as pl
 import torch
 from packaging.version import InvalidVersion, Version
@@ -37,16 +36,12 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.errors import CheckpointError, is_number, whole
 from aiayn.files import same_file
-from aiayn.training.callbacks.ema import ExponentialMovingAverage
-from aiayn.training.callbacks.faults import NonFiniteGuard
-from aiayn.training.callbacks.run_state import RandomState
-from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoints import RUN_KEY, STEP_FILE, STEP_NAME, directly_inside, remove_plain_file
+from aiayn.training.saved_state import COUNT_LIMIT, CheckedState, Fields, shape_of, short
 from aiayn.training.schedule import SCHEDULE_FIELDS
 
 log = logging.getLogger(__name__)
 
-COUNT_LIMIT = 2**53  # counters (steps, batches, tokens) beyond this are not a run's: floats lose them
 # The top-level entries aiayn-train and aiayn-average write; anything else reaches user hooks unchecked.
 TOP_LEVEL = (
     "epoch",
@@ -177,7 +172,7 @@ class RestoredState:
                     if not isinstance(moment[key], torch.Tensor) or moment[key].shape != parameters[index].shape:
                         raise field.error(
                             f"optimizer_states[{i}].state[{index}].{key}",
-                            _shape(moment[key]),
+                            shape_of(moment[key]),
                             f"is not its parameter's shape {tuple(parameters[index].shape)}",
                         )
                     # Adam divides by sqrt(exp_avg_sq): a NaN or a negative one turns every weight into NaN.
@@ -190,7 +185,9 @@ class RestoredState:
                         )
                 step = moment["step"]
                 if not isinstance(step, torch.Tensor) or step.numel() != 1 or not 0 <= float(step) < COUNT_LIMIT:
-                    raise field.error(f"optimizer_states[{i}].state[{index}].step", _shape(step), "is not a step count")
+                    raise field.error(
+                        f"optimizer_states[{i}].state[{index}].step", shape_of(step), "is not a step count"
+                    )
         own_schedule = scheduler.state_dict()
         schedules = field.sequence("lr_schedulers", checkpoint.get("lr_schedulers", []), length=1)
         for i, schedule in enumerate(schedules):
@@ -227,7 +224,7 @@ class RestoredState:
             callback = live.get(key)
             name = f"callbacks[{key!r}]"
             if callback is None:
-                log.warning("checkpoint %s: ignored the state of %s, not a callback of this run", path, _short(key))
+                log.warning("checkpoint %s: ignored the state of %s, not a callback of this run", path, short(key))
             elif isinstance(callback, ModelCheckpoint):
                 if not own_folder:
                     log.warning(
@@ -266,7 +263,7 @@ class RestoredState:
                 "checkpoint %s: dropped %s, whose dirpath %s is not %s",
                 path,
                 name,
-                _short(state["dirpath"]),
+                short(state["dirpath"]),
                 self.folder,
             )
             return None
@@ -278,7 +275,7 @@ class RestoredState:
                     path,
                     name,
                     key,
-                    _short(value),
+                    short(value),
                     self.folder,
                 )
                 return None
@@ -288,7 +285,7 @@ class RestoredState:
                     path,
                     name,
                     key,
-                    _short(value),
+                    short(value),
                 )
                 return None
         for key in ("best_model_score", "current_score", "kth_value"):
@@ -301,22 +298,9 @@ class RestoredState:
     def _checked_callback_state(
         self, callback: pl.Callback, state: Any, name: str, path: Path, field: Fields
     ) -> dict[str, Any] | None:
-        world = max(self.trainer.world_size, 1)
-        if isinstance(callback, RandomState):
-            for i, share in enumerate(_shares(field, name, state, world)):
-                _check_random_state(field, f"{name}.ranks[{i}]", share)
-        elif isinstance(callback, TokenThroughput):
-            for i, share in enumerate(_shares(field, name, state, world)):
-                share = field.mapping(f"{name}.ranks[{i}]", share, keys=("tokens", "seconds"))
-                field.count(f"{name}.ranks[{i}].tokens", share["tokens"])
-                field.number(f"{name}.ranks[{i}].seconds", share["seconds"], minimum=0)
-        elif isinstance(callback, NonFiniteGuard):
-            state = field.mapping(name, state, keys=("skipped", "overflows", "in_a_row"))
-            for key in state:
-                field.count(f"{name}.{key}", state[key])
-        elif isinstance(callback, ExponentialMovingAverage):
-            _check_ema(field, name, state, dict(self.module.named_parameters()))
-        elif isinstance(callback, Timer):  # trainer.max_time: a negative or foreign offset would move the limit
+        if isinstance(callback, CheckedState):  # aiayn's callbacks check what they save themselves
+            return callback.checked_state(state, field, name, self.trainer, self.module)
+        if isinstance(callback, Timer):  # trainer.max_time: a negative or foreign offset would move the limit
             elapsed = field.mapping(f"{name}.time_elapsed", field.mapping(name, state).get("time_elapsed", {}))
             for stage, seconds in elapsed.items():
                 field.number(f"{name}.time_elapsed[{stage!r}]", seconds, minimum=0)
@@ -324,49 +308,6 @@ class RestoredState:
             log.warning("checkpoint %s: dropped %s, which holds paths or objects aiayn does not write", path, name)
             return None
         return state
-
-
-class Fields:
-    """The checks of one checkpoint's fields; each failure is one line naming the file and the field."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def error(self, field: str, value: Any, allowed: str) -> CheckpointError:
-        return CheckpointError(
-            f"checkpoint {self.path}: {field}={_short(value)} {allowed}; it is not a checkpoint aiayn-train "
-            "writes, so it is not resumed"
-        )
-
-    def mapping(self, field: str, value: Any, keys: tuple[str, ...] | None = None) -> dict[Any, Any]:
-        """``value``, a dict; with ``keys``, exactly those."""
-        if not isinstance(value, dict):
-            raise self.error(field, type(value).__name__, "is not a mapping")
-        if keys is not None and set(value) != set(keys):
-            odd = sorted(map(str, set(value) ^ set(keys)))[0]
-            raise self.error(
-                f"{field}.{odd}",
-                "present" if odd in map(str, value) else "missing",
-                "differs from what aiayn writes there",
-            )
-        return value
-
-    def sequence(self, field: str, value: Any, length: int | None = None) -> list[Any] | tuple[Any, ...]:
-        if not isinstance(value, list | tuple):
-            raise self.error(field, type(value).__name__, "is not a list")
-        if length is not None and len(value) != length:
-            raise self.error(field, f"{len(value)} entries", f"is not this run's {length}")
-        return value
-
-    def count(self, field: str, value: Any) -> int:
-        if not whole(value, 0) or value >= COUNT_LIMIT:
-            raise self.error(field, value, f"is not a whole number in [0, {COUNT_LIMIT})")
-        return value
-
-    def number(self, field: str, value: Any, minimum: float | None = None) -> float:
-        if not is_number(value) or (minimum is not None and value < minimum):
-            raise self.error(field, value, "is not a finite number" + (f" >= {minimum}" if minimum is not None else ""))
-        return value
 
 
 def _with_defaults(
@@ -437,7 +378,7 @@ def _check_loops(loops: Any, trainer: pl.Trainer, field: Fields) -> None:
                     raise field.error(f"{name}.{key}", "missing", "is in every position the sampler saves")
             for key, value in loader.items():
                 if not isinstance(key, str) or not whole(value, 0) or value >= COUNT_LIMIT:
-                    raise field.error(f"{name}.{_short(key)}", value, f"is not a whole number in [0, {COUNT_LIMIT})")
+                    raise field.error(f"{name}.{short(key)}", value, f"is not a whole number in [0, {COUNT_LIMIT})")
 
 
 def _check_like(value: Any, own: Any, name: str, field: Fields) -> None:
@@ -456,67 +397,16 @@ def _check_like(value: Any, own: Any, name: str, field: Fields) -> None:
         field.count(name, value)
 
 
-def _check_random_state(field: Fields, name: str, share: Any) -> None:
-    """The generators' states as :class:`RandomState` saves them, tried on scratch generators (each
-    library checks its own format) before the run's are set."""
-    share = field.mapping(name, share)
-    if set(share) - {"torch", "numpy", "python", "cuda"} or {"torch", "numpy", "python"} - set(share):
-        raise field.error(name, sorted(map(str, share)), "are not the generators RandomState saves")
-    try:
-        torch.Generator().set_state(share["torch"])
-        numpy = field.mapping(f"{name}.numpy", share["numpy"], keys=("keys", "rest"))
-        position, has_gauss, gauss = field.sequence(f"{name}.numpy.rest", numpy["rest"], length=3)
-        keys = numpy["keys"]
-        if not isinstance(keys, torch.Tensor) or keys.shape != (624,) or not whole(position, 0):
-            raise ValueError("numpy.keys")
-        np.random.RandomState().set_state(("MT19937", keys.numpy().astype(np.uint32), position, has_gauss, gauss))
-        version, internal, gauss_next = field.sequence(f"{name}.python", share["python"], length=3)
-        random.Random().setstate((version, tuple(field.sequence(f"{name}.python[1]", internal)), gauss_next))
-        if "cuda" in share:
-            cuda = share["cuda"]
-            if not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
-                raise ValueError("cuda")
-            size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else cuda.numel()
-            if cuda.numel() != size:
-                raise ValueError(f"cuda state of {cuda.numel()} bytes, not {size}")
-    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-        raise field.error(name, _short(error), "is not a generator state") from None
-
-
-def _check_ema(field: Fields, name: str, state: Any, parameters: dict[str, torch.Tensor]) -> None:
-    """The EMA of the weights as :class:`ExponentialMovingAverage` saves it: an fp32 tensor of finite numbers
-    for each of this model's parameters, of its shape (a NaN would reach ema.ckpt and every later step)."""
-    weights = field.mapping(f"{name}.weights", field.mapping(name, state, keys=("weights",))["weights"])
-    for key in sorted(set(parameters) ^ set(weights), key=str):
-        present = "present" if key in weights else "missing"
-        raise field.error(f"{name}.weights[{_short(key)}]", present, "differs from this run's parameters")
-    for key, tensor in weights.items():
-        own = tuple(parameters[key].shape)
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or tuple(tensor.shape) != own:
-            shown = f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else _shape(tensor)
-            raise field.error(f"{name}.weights[{key}]", shown, f"is not its parameter's shape {own} in float32")
-        if not torch.isfinite(tensor).all():
-            raise field.error(f"{name}.weights[{key}]", "its values", "are not all finite")
-
-
 def _check_scaler(state: Any, field: Fields) -> None:
     """The fp16 gradient scaler's state: positive finite numbers (a zero or NaN scale breaks every step)."""
     state = field.mapping("MixedPrecision", state)
     for key, value in state.items():
         if key not in SCALER_KEYS:
-            raise field.error(f"MixedPrecision.{_short(key)}", "present", "is not a gradient scaler setting")
+            raise field.error(f"MixedPrecision.{short(key)}", "present", "is not a gradient scaler setting")
         if key == "_growth_tracker":
             field.count(f"MixedPrecision.{key}", value)
         elif not is_number(value) or value <= 0:
             raise field.error(f"MixedPrecision.{key}", value, "is not a finite number > 0")
-
-
-def _shares(field: Fields, name: str, state: Any, world: int) -> list[Any] | tuple[Any, ...]:
-    """The per-rank list of a state saved by :func:`~aiayn.training.distributed.gathered_from_ranks`."""
-    shares = field.sequence(f"{name}.ranks", field.mapping(name, state, keys=("ranks",))["ranks"])
-    if not 1 <= len(shares) <= max(world, 1024):
-        raise field.error(f"{name}.ranks", f"{len(shares)} entries", "is not one per training process")
-    return shares
 
 
 def _score(field: Fields, name: str, value: Any, allow_none: bool = True) -> None:
@@ -527,7 +417,7 @@ def _score(field: Fields, name: str, value: Any, allow_none: bool = True) -> Non
         return
     if is_number(value) or (isinstance(value, float) and not math.isnan(value)):  # 10**400 is no score
         return
-    raise field.error(name, _shape(value) if isinstance(value, torch.Tensor) else value, "is not a score")
+    raise field.error(name, shape_of(value) if isinstance(value, torch.Tensor) else value, "is not a score")
 
 
 def _written_by(callback: ModelCheckpoint) -> re.Pattern[str]:
@@ -584,14 +474,3 @@ def _plain(value: Any, depth: int = 0) -> bool:
 def _same_folder(path: str, folder: Path) -> bool:
     """Whether ``path`` names ``folder`` itself, plainly (see :func:`directly_inside`)."""
     return directly_inside(Path(path) / "x", folder) if path else False
-
-
-def _shape(value: Any) -> Any:
-    return tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-
-
-def _short(value: Any) -> str:
-    """A value as one short line, whatever it holds."""
-    text = repr(value) if not isinstance(value, str) else value
-    text = text.encode("unicode_escape").decode("ascii")
-    return text if len(text) <= 80 else text[:77] + "..."

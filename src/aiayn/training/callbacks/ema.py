@@ -27,6 +27,7 @@ import torch
 
 from aiayn.errors import FieldError, is_number, whole
 from aiayn.training.checkpoints import RUN_KEY
+from aiayn.training.saved_state import Fields, shape_of, short
 
 # What an evaluation checkpoint keeps of the final one: no training state (ema.ckpt is not resumed).
 EVALUATION_KEYS = ("epoch", "global_step", "pytorch-lightning_version", "hparams_name", "hyper_parameters", RUN_KEY)
@@ -98,7 +99,28 @@ class ExponentialMovingAverage(pl.Callback):
         return {"weights": self.weights or {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.weights = state["weights"]  # checked by RestoredState; moved to the device at on_fit_start
+        self.weights = state["weights"]  # checked by checked_state; moved to the device at on_fit_start
+
+    def checked_state(
+        self, state: Any, fields: Fields, name: str, trainer: pl.Trainer, module: pl.LightningModule
+    ) -> Any:
+        """The EMA as :meth:`state_dict` saves it: an fp32 tensor of finite numbers for each of ``module``'s
+        parameters, of its shape (a NaN would reach ema.ckpt and every later step)."""
+        parameters = dict(module.named_parameters())
+        weights = fields.mapping(f"{name}.weights", fields.mapping(name, state, keys=("weights",))["weights"])
+        for key in sorted(set(parameters) ^ set(weights), key=str):
+            present = "present" if key in weights else "missing"
+            raise fields.error(f"{name}.weights[{short(key)}]", present, "differs from this run's parameters")
+        for key, tensor in weights.items():
+            own = tuple(parameters[key].shape)
+            if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or tuple(tensor.shape) != own:
+                shown = (
+                    f"{tensor.dtype} {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else shape_of(tensor)
+                )
+                raise fields.error(f"{name}.weights[{key}]", shown, f"is not its parameter's shape {own} in float32")
+            if not torch.isfinite(tensor).all():
+                raise fields.error(f"{name}.weights[{key}]", "its values", "are not all finite")
+        return state
 
 
 def ema_checkpoint(checkpoint: dict[str, Any], state_key: str) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from pytorch_lightning.trainer.states import TrainerFn
 from aiayn.errors import TrainingDiverged
 from aiayn.training.callbacks.cadence import metrics_flushed_at
 from aiayn.training.distributed import device_max_over_ranks
+from aiayn.training.saved_state import Fields
 
 log = logging.getLogger(__name__)
 MIN_LOSS_SCALE = 1e-4  # fp16: a scaler this low means gradients overflow at any scale (fairseq's floor too)
@@ -196,3 +197,12 @@ class NonFiniteGuard(pl.Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._counts, self._read = None, [state["skipped"], state["in_a_row"], 0]
         self.overflows = state["overflows"]
+
+    def checked_state(
+        self, state: Any, fields: Fields, name: str, trainer: pl.Trainer, module: pl.LightningModule
+    ) -> Any:
+        """The counts :meth:`state_dict` saves, whole numbers."""
+        state = fields.mapping(name, state, keys=("skipped", "overflows", "in_a_row"))
+        for key in state:
+            fields.count(f"{name}.{key}", state[key])
+        return state

@@ -12,9 +12,11 @@ import numpy as np
 import pytorch_lightning as pl
 import torch
 
+from aiayn.errors import whole
 from aiayn.training.batching import batch_layout
 from aiayn.training.checkpoints import BATCH_KEY, DATA_KEY, OVERRIDES_KEY, RUN_KEY
 from aiayn.training.distributed import gathered_from_ranks, own_share
+from aiayn.training.saved_state import Fields, short
 
 
 class RandomState(pl.Callback):
@@ -45,6 +47,40 @@ class RandomState(pl.Callback):
         random.setstate((version, tuple(internal), gauss_next))
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state(state["cuda"])
+
+    def checked_state(
+        self, state: Any, fields: Fields, name: str, trainer: pl.Trainer, module: pl.LightningModule
+    ) -> Any:
+        """Each rank's generators as :meth:`state_dict` saves them, tried on scratch generators (each library
+        checks its own format) before the run's are set."""
+        for i, share in enumerate(fields.shares(name, state, max(trainer.world_size, 1))):
+            _check_generators(fields, f"{name}.ranks[{i}]", share)
+        return state
+
+
+def _check_generators(fields: Fields, name: str, share: Any) -> None:
+    share = fields.mapping(name, share)
+    if set(share) - {"torch", "numpy", "python", "cuda"} or {"torch", "numpy", "python"} - set(share):
+        raise fields.error(name, sorted(map(str, share)), "are not the generators RandomState saves")
+    try:
+        torch.Generator().set_state(share["torch"])
+        numpy = fields.mapping(f"{name}.numpy", share["numpy"], keys=("keys", "rest"))
+        position, has_gauss, gauss = fields.sequence(f"{name}.numpy.rest", numpy["rest"], length=3)
+        keys = numpy["keys"]
+        if not isinstance(keys, torch.Tensor) or keys.shape != (624,) or not whole(position, 0):
+            raise ValueError("numpy.keys")
+        np.random.RandomState().set_state(("MT19937", keys.numpy().astype(np.uint32), position, has_gauss, gauss))
+        version, internal, gauss_next = fields.sequence(f"{name}.python", share["python"], length=3)
+        random.Random().setstate((version, tuple(fields.sequence(f"{name}.python[1]", internal)), gauss_next))
+        if "cuda" in share:
+            cuda = share["cuda"]
+            if not (isinstance(cuda, torch.Tensor) and cuda.dtype == torch.uint8 and cuda.dim() == 1):
+                raise ValueError("cuda")
+            size = torch.cuda.get_rng_state().numel() if torch.cuda.is_available() else cuda.numel()
+            if cuda.numel() != size:
+                raise ValueError(f"cuda state of {cuda.numel()} bytes, not {size}")
+    except (TypeError, ValueError, RuntimeError, OverflowError) as error:
+        raise fields.error(name, short(error), "is not a generator state") from None
 
 
 class SelfContainedCheckpoints(pl.Callback):

@@ -12,6 +12,7 @@ from aiayn.machine import device_name, peak_flops
 from aiayn.model import batch_training_flops
 from aiayn.training.callbacks.cadence import metrics_flushed_at
 from aiayn.training.distributed import gathered_from_ranks, own_share, summed_over_ranks
+from aiayn.training.saved_state import Fields
 
 
 class TokenThroughput(pl.Callback):
@@ -88,6 +89,16 @@ class TokenThroughput(pl.Callback):
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         totals = own_share(saved["ranks"])
         self.tokens, self.seconds = int(totals["tokens"]), float(totals["seconds"])
+
+    def checked_state(
+        self, state: Any, fields: Fields, name: str, trainer: pl.Trainer, module: pl.LightningModule
+    ) -> Any:
+        """Each rank's totals as :meth:`state_dict` saves them: a token count and seconds."""
+        for i, share in enumerate(fields.shares(name, state, max(trainer.world_size, 1))):
+            share = fields.mapping(f"{name}.ranks[{i}]", share, keys=("tokens", "seconds"))
+            fields.count(f"{name}.ranks[{i}].tokens", share["tokens"])
+            fields.number(f"{name}.ranks[{i}].seconds", share["seconds"], minimum=0)
+        return state
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The run's figures for results.json, all ranks' (each rank timed its own share).
