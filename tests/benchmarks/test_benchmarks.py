@@ -238,3 +238,10 @@ def test_step_host_races_the_clipped_optimizer_steps_and_times_a_collection(run_
     low, high = result["fused_vs_unfused"]["min"], result["fused_vs_unfused"]["max"]
     assert 0 < low <= result["fused_vs_unfused"]["median"] <= high
     assert result["gc"]["tracked_objects"] > 10_000 and result["gc"]["full_ms"] > 0
+
+
+def test_twin_host_times_each_commits_own_aiayn_train_in_turn(run_benchmark: Benchmark) -> None:
+    args = ("--against", "HEAD", "--steps", "3", "--warmup", "1", "--rounds", "1")
+    result = run_benchmark("twin_host.py", *args)
+    assert result["against"] == "HEAD" and {"HEAD", "this tree"} <= set(result)
+    assert min(result[tree]["median_ms"] for tree in ("HEAD", "this tree")) > 0 and result["ratio_of_means"] > 0
