@@ -29,7 +29,6 @@ from aiayn.config.settings import check_settings
 from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.errors import ConfigError, whole
-from aiayn.machine import Devices
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.batching import BatchSettings, plan_batches, trainer_arguments
 from aiayn.training.callbacks.ema import EmaSettings
@@ -165,14 +164,13 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     check_resolvable(cfg)
     check_settings(cfg, "train", overrides)  # a key added with + that nothing reads: +seeds=3, +ckpt_path=...
     module = module_settings(cfg)
-    check_run_config(cfg)
+    trainer_settings = check_run_config(cfg)
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
     batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
-    devices = Devices.parse(cfg.trainer.get("devices", "auto"), cfg.trainer.get("num_nodes", 1))
-    world_size = devices.world_size(str(cfg.trainer.get("accelerator", "auto")))
+    world_size = trainer_settings.world_size
     checkpoint = checkpoint_policy(cfg.checkpoint)
-    batching = plan_batches(batch, world_size, cfg.trainer.get("accumulate_grad_batches", 1))
+    batching = plan_batches(batch, world_size, trainer_settings.accumulate_grad_batches)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     # data.max_tokens=null: the device's share; the stored config (config.yaml, checkpoints) holds it, as what
     # the run trained on and what a resume must match.
