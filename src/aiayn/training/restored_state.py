@@ -130,89 +130,11 @@ class RestoredState:
         parameters = [p for group in optimizer.param_groups for p in group["params"]]
         for i, state in enumerate(states):
             state = field.mapping(f"optimizer_states[{i}]", state, keys=("state", "param_groups"))
-            groups = field.sequence(f"optimizer_states[{i}].param_groups", state["param_groups"])
-            if {len(groups), len(expected)} == {1, 2}:  # Adam's one group against AdamW's two
-                raise CheckpointError(
-                    f"checkpoint {field.path}: its optimizer has {len(groups)} parameter group(s), this run's "
-                    f"{len(expected)}: optim.weight_decay > 0 trains decayed and undecayed parameters apart, 0 "
-                    "all together; resume with the optim.weight_decay of the run that wrote it (0 or not)"
-                )
-            field.sequence(f"optimizer_states[{i}].param_groups", groups, len(expected))
-            for j, (group, own) in enumerate(zip(groups, expected, strict=True)):
-                name = f"optimizer_states[{i}].param_groups[{j}]"
-                group = _with_defaults(field, name, group, own, essential=("params", "lr", "betas", "eps"))
-                for key in ADAM_RULE:
-                    if key == "weight_decay" and own["decoupled_weight_decay"]:
-                        field.number(f"{name}.{key}", group[key], minimum=0)  # replaced by this run's below
-                    elif type(group[key]) is not type(own[key]) or group[key] != own[key]:
-                        raise field.error(f"{name}.{key}", group[key], f"is not aiayn's ({own[key]})")
-                params = group["params"]
-                if (
-                    not isinstance(params, list)
-                    or not all(whole(index, 0) for index in params)
-                    or params != own["params"]
-                ):
-                    raise field.error(
-                        f"{name}.params",
-                        f"{len(field.sequence(f'{name}.params', group['params']))} entries",
-                        f"are not this model's {len(own['params'])} parameters",
-                    )
-                for key in ("lr", "initial_lr", "eps"):
-                    field.number(f"{name}.{key}", group[key])
-                group.update({key: value for key, value in own.items() if key not in (*ADAM_RULE, "lr", "params")})
-                group["weight_decay"] = own["weight_decay"]
-            moments = field.mapping(f"optimizer_states[{i}].state", state["state"])
-            for index, moment in moments.items():
-                if not whole(index, 0) or index >= len(parameters):
-                    raise field.error(f"optimizer_states[{i}].state", index, "is not a parameter of this model")
-                moment = field.mapping(
-                    f"optimizer_states[{i}].state[{index}]", moment, keys=("step", "exp_avg", "exp_avg_sq")
-                )
-                for key in ("exp_avg", "exp_avg_sq"):
-                    if not isinstance(moment[key], torch.Tensor) or moment[key].shape != parameters[index].shape:
-                        raise field.error(
-                            f"optimizer_states[{i}].state[{index}].{key}",
-                            shape_of(moment[key]),
-                            f"is not its parameter's shape {tuple(parameters[index].shape)}",
-                        )
-                    # Adam divides by sqrt(exp_avg_sq): a NaN or a negative one turns every weight into NaN.
-                    lowest = 0 if key == "exp_avg_sq" else -math.inf
-                    if not (torch.isfinite(moment[key]).all() and (moment[key] >= lowest).all()):
-                        raise field.error(
-                            f"optimizer_states[{i}].state[{index}].{key}",
-                            "its values",
-                            "are not Adam's moments (non-finite, or a negative second moment)",
-                        )
-                step = moment["step"]
-                if not isinstance(step, torch.Tensor) or step.numel() != 1 or not 0 <= float(step) < COUNT_LIMIT:
-                    raise field.error(
-                        f"optimizer_states[{i}].state[{index}].step", shape_of(step), "is not a step count"
-                    )
-        own_schedule = scheduler.state_dict()
+            _check_groups(field, f"optimizer_states[{i}].param_groups", state["param_groups"], expected)
+            _check_moments(field, f"optimizer_states[{i}].state", state["state"], parameters)
         schedules = field.sequence("lr_schedulers", checkpoint.get("lr_schedulers", []), length=1)
         for i, schedule in enumerate(schedules):
-            schedule = _with_defaults(
-                field,
-                f"lr_schedulers[{i}]",
-                schedule,
-                own_schedule,
-                essential=("last_epoch", "_step_count", "lr_lambdas"),
-            )
-            field.count(f"lr_schedulers[{i}].last_epoch", schedule["last_epoch"])
-            field.count(f"lr_schedulers[{i}]._step_count", schedule["_step_count"])
-            lambdas = field.sequence(
-                f"lr_schedulers[{i}].lr_lambdas", schedule["lr_lambdas"], len(own_schedule["lr_lambdas"])
-            )
-            for j, stored in enumerate(lambdas):
-                _check_schedule(field, f"lr_schedulers[{i}].lr_lambdas[{j}]", stored, schedule["last_epoch"])
-            # Settings, not position: this run's (base_lrs multiplies every learning rate of the schedule).
-            schedule.update(
-                {
-                    key: own_schedule[key]
-                    for key in ("base_lrs", "_is_initial", "_get_lr_called_within_step")
-                    if key in own_schedule
-                }
-            )
+            _check_schedule_state(field, f"lr_schedulers[{i}]", schedule, scheduler.state_dict())
 
     # -- callbacks ------------------------------------------------------------------------------
     def _checked_callbacks(self, states: Any, path: Path, field: Fields) -> dict[str, Any]:
@@ -325,6 +247,80 @@ def _with_defaults(
                 raise field.error(f"{name}.{key}", "missing", "is in every checkpoint aiayn writes")
             state[key] = own[key]
     return state
+
+
+def _check_groups(field: Fields, name: str, groups: Any, expected: list[dict[str, Any]]) -> None:
+    """The optimizer's parameter groups against this run's (``expected``): as many, each over the same
+    parameters, Adam's rule unchanged; their settings and switches become this run's, in place."""
+    groups = field.sequence(name, groups)
+    if {len(groups), len(expected)} == {1, 2}:  # Adam's one group against AdamW's two
+        raise CheckpointError(
+            f"checkpoint {field.path}: its optimizer has {len(groups)} parameter group(s), this run's "
+            f"{len(expected)}: optim.weight_decay > 0 trains decayed and undecayed parameters apart, 0 "
+            "all together; resume with the optim.weight_decay of the run that wrote it (0 or not)"
+        )
+    field.sequence(name, groups, len(expected))
+    for j, (group, own) in enumerate(zip(groups, expected, strict=True)):
+        group_name = f"{name}[{j}]"
+        group = _with_defaults(field, group_name, group, own, essential=("params", "lr", "betas", "eps"))
+        for key in ADAM_RULE:
+            if key == "weight_decay" and own["decoupled_weight_decay"]:
+                field.number(f"{group_name}.{key}", group[key], minimum=0)  # replaced by this run's below
+            elif type(group[key]) is not type(own[key]) or group[key] != own[key]:
+                raise field.error(f"{group_name}.{key}", group[key], f"is not aiayn's ({own[key]})")
+        params = group["params"]
+        if not isinstance(params, list) or not all(whole(index, 0) for index in params) or params != own["params"]:
+            raise field.error(
+                f"{group_name}.params",
+                f"{len(field.sequence(f'{group_name}.params', group['params']))} entries",
+                f"are not this model's {len(own['params'])} parameters",
+            )
+        for key in ("lr", "initial_lr", "eps"):
+            field.number(f"{group_name}.{key}", group[key])
+        group.update({key: value for key, value in own.items() if key not in (*ADAM_RULE, "lr", "params")})
+        group["weight_decay"] = own["weight_decay"]
+
+
+def _check_moments(field: Fields, name: str, moments: Any, parameters: list[torch.Tensor]) -> None:
+    """Adam's moments, each of a parameter of this model and its shape, finite (the second one >= 0), with
+    a step count."""
+    moments = field.mapping(name, moments)
+    for index, moment in moments.items():
+        if not whole(index, 0) or index >= len(parameters):
+            raise field.error(name, index, "is not a parameter of this model")
+        moment = field.mapping(f"{name}[{index}]", moment, keys=("step", "exp_avg", "exp_avg_sq"))
+        for key in ("exp_avg", "exp_avg_sq"):
+            if not isinstance(moment[key], torch.Tensor) or moment[key].shape != parameters[index].shape:
+                raise field.error(
+                    f"{name}[{index}].{key}",
+                    shape_of(moment[key]),
+                    f"is not its parameter's shape {tuple(parameters[index].shape)}",
+                )
+            # Adam divides by sqrt(exp_avg_sq): a NaN or a negative one turns every weight into NaN.
+            lowest = 0 if key == "exp_avg_sq" else -math.inf
+            if not (torch.isfinite(moment[key]).all() and (moment[key] >= lowest).all()):
+                raise field.error(
+                    f"{name}[{index}].{key}",
+                    "its values",
+                    "are not Adam's moments (non-finite, or a negative second moment)",
+                )
+        step = moment["step"]
+        if not isinstance(step, torch.Tensor) or step.numel() != 1 or not 0 <= float(step) < COUNT_LIMIT:
+            raise field.error(f"{name}[{index}].step", shape_of(step), "is not a step count")
+
+
+def _check_schedule_state(field: Fields, name: str, schedule: Any, own: dict[str, Any]) -> None:
+    """The learning-rate scheduler's state against this run's (``own``): its position and its schedules'
+    fields (:func:`_check_schedule`); its settings become this run's, in place."""
+    schedule = _with_defaults(field, name, schedule, own, essential=("last_epoch", "_step_count", "lr_lambdas"))
+    field.count(f"{name}.last_epoch", schedule["last_epoch"])
+    field.count(f"{name}._step_count", schedule["_step_count"])
+    lambdas = field.sequence(f"{name}.lr_lambdas", schedule["lr_lambdas"], len(own["lr_lambdas"]))
+    for j, stored in enumerate(lambdas):
+        _check_schedule(field, f"{name}.lr_lambdas[{j}]", stored, schedule["last_epoch"])
+    # Settings, not position: this run's (base_lrs multiplies every learning rate of the schedule).
+    keys = ("base_lrs", "_is_initial", "_get_lr_called_within_step")
+    schedule.update({key: own[key] for key in keys if key in own})
 
 
 def _check_schedule(field: Fields, name: str, stored: Any, last_epoch: int) -> None:
