@@ -133,6 +133,6 @@ def test_a_validation_interval_longer_than_an_epoch_stops_in_one_line(
     (Lightning's own check raises with a traceback)."""
     monkeypatch.chdir(tmp_path)
     overrides = ["trainer.val_check_interval=1000", "trainer.check_val_every_n_epoch=1"]
-    line = refusal([*base(corpus_root, cache_dir), *overrides], monkeypatch, capsys, folder_left=True)
+    line = refusal([*base(corpus_root, cache_dir), *overrides], monkeypatch, capsys)
     assert line.startswith("trainer.val_check_interval=1000 is more than an epoch's ")
     assert "checkpoint.every_steps=N" in line

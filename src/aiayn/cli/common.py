@@ -135,20 +135,28 @@ def unresolvable(error: OmegaConfBaseException) -> str:
 
 def remove_unstarted_run(run_dir: Path) -> None:
     """Remove the folder ``run_dir`` that this command reserved (:func:`aiayn.config.naming.run_dir`) when it
-    holds nothing a run wrote (:func:`only_hydra_files`), and then its parent (``outputs/<name>``) when
-    that is empty: a run refused before it started leaves no folder."""
-    if run_dir.is_symlink() or not only_hydra_files(run_dir):
+    holds nothing a run trained (:func:`nothing_trained`), and then its parent (``outputs/<name>``) when
+    that is empty: a run refused before its first step leaves no folder."""
+    if run_dir.is_symlink() or not nothing_trained(run_dir):
         return
     shutil.rmtree(run_dir, ignore_errors=True)
     with contextlib.suppress(OSError):
         run_dir.parent.rmdir()  # only when empty
 
 
-def only_hydra_files(run_dir: Path) -> bool:
-    """``run_dir`` holds nothing a run wrote: Hydra's files, its log, the lock."""
-    return run_dir.is_dir() and all(
-        path.name in (".hydra", LOCK_FILE) or path.suffix == ".log" for path in run_dir.iterdir()
-    )
+def nothing_trained(run_dir: Path) -> bool:
+    """``run_dir`` holds nothing of training: Hydra's files, its log, the lock, and what a run writes
+    before its first step (its ``config.yaml``; the CSV logger's ``hparams.yaml``), as when a setting is
+    refused once the corpus is read (a validation interval longer than an epoch), or the corpus itself."""
+
+    def written_before_training(path: Path) -> bool:
+        if path.is_symlink():
+            return False
+        if path.name == "csv" and path.is_dir():
+            return all(entry.name == "hparams.yaml" and not entry.is_symlink() for entry in path.iterdir())
+        return path.name in (".hydra", LOCK_FILE, "config.yaml") or path.suffix == ".log"
+
+    return run_dir.is_dir() and all(written_before_training(path) for path in run_dir.iterdir())
 
 
 def continue_advice(run_dir: Path, created: bool, again: str = "") -> str:
