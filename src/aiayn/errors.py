@@ -13,16 +13,27 @@ framework-free model layer raises about its own fields; the config layer turns i
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 from typing import Any
+
+_FIELD_REFERENCE = re.compile(r"\{([a-z_]+)\}")  # "{max_tokens}": a field a FieldError's message names
 
 
 class FieldError(ValueError):
-    """A field of a plain object (:class:`~aiayn.model.TransformerConfig`, decoding options) with a value
-    it cannot take: ``<field>=<value> <what is allowed>``."""
+    """A field of a plain object (:class:`~aiayn.model.TransformerConfig`, decoding options, a layer's
+    settings) with a value it cannot take: ``<field>=<value> <what is allowed>``. ``allowed`` names the
+    object's other fields as ``{name}``: shown as ``name`` here, and as its config key where the config
+    layer names the error (:func:`aiayn.config.build.config_keys`)."""
 
     def __init__(self, field: str, value: Any, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}={show(value)} {allowed}")
+        super().__init__(f"{field}={show(value)} {named_fields(allowed, lambda name: name)}")
+
+
+def named_fields(text: str, name: Callable[[str], str]) -> str:
+    """``text`` with each field reference ``{field}`` replaced by ``name(field)``."""
+    return _FIELD_REFERENCE.sub(lambda match: name(match.group(1)), text)
 
 
 class ConfigError(ValueError):

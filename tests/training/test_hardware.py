@@ -16,9 +16,10 @@ from omegaconf.errors import InterpolationResolutionError
 from pytorch_lightning.plugins.environments import SLURMEnvironment
 from pytorch_lightning.strategies import DDPStrategy
 
-from aiayn.config.build import trainer_options
+from aiayn.config.build import config_keys, trainer_options
 from aiayn.config.compose import compose_config, compose_run_config
-from aiayn.errors import ConfigError
+from aiayn.config.plan import BATCH_KEYS
+from aiayn.errors import ConfigError, FieldError
 from aiayn.experiments.run import train
 from aiayn.machine import Devices, cpu_multiplies_bf16, cpu_precision, lists_bf16_flags
 from aiayn.training.batching import BatchSettings, accumulation_steps, micro_batches, plan_batches, trainer_arguments
@@ -186,9 +187,10 @@ def test_a_real_trainer_gets_the_accumulation_planned_for_its_world_size(devices
 
 
 def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
-    with pytest.raises(ValueError, match=r"trainer\.accumulate_grad_batches=4 conflicts with tokens_per_step=25000"):
+    conflict = r"trainer\.accumulate_grad_batches=4 conflicts with tokens_per_step=25000"
+    with pytest.raises(ConfigError, match=conflict), config_keys("", BATCH_KEYS):  # as aiayn-train says it
         plan_batches(BatchSettings(tokens_per_step=25000, max_tokens=3125), 1, accumulate=4)
-    with pytest.raises(ValueError, match=r"tokens_per_step=0"):
+    with pytest.raises(FieldError, match=r"^tokens_per_step=0"):
         accumulation_steps(0, 3125, 1)
 
 
@@ -196,7 +198,8 @@ def test_tokens_per_step_and_an_explicit_accumulation_conflict() -> None:
 def test_a_batch_that_cannot_come_near_tokens_per_step_is_refused_with_the_fix(
     world: int, max_tokens: int, fitting: int
 ) -> None:
-    with pytest.raises(ValueError, match=rf"tokens_per_step=25000 is out of reach .* set data\.max_tokens={fitting}$"):
+    out_of_reach = rf"tokens_per_step=25000 is out of reach .* set data\.max_tokens={fitting}$"
+    with pytest.raises(ConfigError, match=out_of_reach), config_keys("", BATCH_KEYS):
         accumulation_steps(25000, max_tokens, world)
     assert accumulation_steps(25000, fitting, world) * fitting * world == pytest.approx(25000, rel=0.1)
 
@@ -234,10 +237,15 @@ def test_a_real_trainer_takes_its_share_of_tokens_per_step_and_says_how(
 
 def test_a_micro_batch_too_small_for_the_longest_sentence_is_refused_with_the_fix() -> None:
     fewer = r"fewer than the longest sentence training keeps \(data.max_len=256\)"
-    with pytest.raises(ConfigError, match=rf"^tokens_per_step=2000 leaves micro-batches of 250 tokens .*{fewer}"):
+    too_few = rf"^tokens_per_step=2000 leaves micro-batches of 250 tokens .*{fewer}"
+    with pytest.raises(ConfigError, match=too_few), config_keys("", BATCH_KEYS):
         micro_batches(2000, 8, None, max_len=256)
-    with pytest.raises(ConfigError, match=rf"^micro_batch_cap=300 leaves micro-batches of 250 tokens .*{fewer}"):
+    capped = rf"^micro_batch_cap=300 leaves micro-batches of 250 tokens .*{fewer}"
+    with pytest.raises(ConfigError, match=capped), config_keys("", BATCH_KEYS):
         micro_batches(1000, 1, 300, max_len=256)  # 4 x 250: 3 x 333 would be over the cap
+    # without the config, the training layer names its own fields
+    with pytest.raises(FieldError, match=r"\(max_len=256\); raise cap or lower max_len$"):
+        micro_batches(1000, 1, 300, max_len=256)
 
 
 @pytest.mark.parametrize(

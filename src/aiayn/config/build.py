@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.config.naming import RunIdentity
 from aiayn.data.tokenizer import PAD_ID
-from aiayn.errors import ConfigError, DataError, FieldError
+from aiayn.errors import ConfigError, DataError, FieldError, named_fields
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.schedule import OptimSettings
 
@@ -35,15 +35,19 @@ _FIELD = re.compile(r"(?<![\w.])([a-z_]+)=")  # a field named in a message: "pos
 @contextmanager
 def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator[None]:
     """A :class:`~aiayn.errors.FieldError` raised inside becomes a :class:`~aiayn.errors.ConfigError` of
-    the key ``<section>.<field>`` (or ``keys[field]``); fields its message names are prefixed alike
-    (``d_model=511 must be even for positional=sinusoidal`` → ``model.d_model=511 must be even for
-    model.positional=sinusoidal``)."""
-    keys = keys or {}
+    the key ``<section>.<field>`` (or ``keys[field]``; a top-level key where ``section`` is empty); the
+    fields its message names (``{field}``, or ``field=`` as in ``d_model=511 must be even for
+    positional=sinusoidal`` → ``model.d_model=511 must be even for model.positional=sinusoidal``) alike."""
+    mapping = keys or {}
+
+    def key(field: str) -> str:
+        return mapping.get(field, f"{section}.{field}" if section else field)
+
     try:
         yield
     except FieldError as error:
-        allowed = _FIELD.sub(lambda m: keys.get(m.group(1), f"{section}.{m.group(1)}") + "=", error.allowed)
-        raise ConfigError(keys.get(error.field, f"{section}.{error.field}"), error.value, allowed) from None
+        allowed = named_fields(_FIELD.sub(lambda m: key(m.group(1)) + "=", error.allowed), key)
+        raise ConfigError(key(error.field), error.value, allowed) from None
 
 
 def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:

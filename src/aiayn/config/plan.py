@@ -68,6 +68,14 @@ class ModuleSettings:
         )
 
 
+# The config's keys of the batch settings' fields (aiayn.training.batching), which its errors name.
+BATCH_KEYS = {
+    "tokens_per_step": "tokens_per_step",
+    "max_tokens": "data.max_tokens",
+    "cap": "micro_batch_cap",
+    "max_len": "data.max_len",
+    "accumulate": "trainer.accumulate_grad_batches",
+}
 ANSWER_SETTINGS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the answer
 
 
@@ -167,10 +175,12 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     trainer_settings = check_run_config(cfg)
     check_decay_budget(module.optim, cfg.trainer)
     progress = progress_style(cfg.progress)
-    batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
+    with config_keys("", BATCH_KEYS):
+        batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
     world_size = trainer_settings.world_size
     checkpoint = checkpoint_policy(cfg.checkpoint)
-    batching = plan_batches(batch, world_size, trainer_settings.accumulate_grad_batches)
+    with config_keys("", BATCH_KEYS):
+        batching = plan_batches(batch, world_size, trainer_settings.accumulate_grad_batches)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     # data.max_tokens=null: the device's share; the stored config (config.yaml, checkpoints) holds it, as what
     # the run trained on and what a resume must match.

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import FieldError, whole
 
 log = logging.getLogger(__name__)
 TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_per_step
@@ -30,10 +30,11 @@ TOLERANCE = 0.1  # how far the tokens per optimizer step may fall from tokens_pe
 
 @dataclass(frozen=True)
 class BatchSettings:
-    """How a run forms its batches: ``tokens_per_step`` (None: ``trainer.accumulate_grad_batches`` as
-    given), ``max_tokens`` (``data.max_tokens``; None: the device's share of ``tokens_per_step``), ``cap``
-    (``micro_batch_cap``: the most tokens a micro-batch may hold; None: no cap), and ``max_len``
-    (``data.max_len``: the longest sentence a micro-batch must hold). Checked when made, before any work."""
+    """How a run forms its batches: ``tokens_per_step`` (None: the Trainer's accumulation as given),
+    ``max_tokens`` (a device's micro-batch; None: its share of ``tokens_per_step``), ``cap`` (the most
+    tokens a micro-batch may hold; None: no cap), and ``max_len`` (the longest sentence a micro-batch must
+    hold). Checked when made, before any work; the errors (:class:`~aiayn.errors.FieldError`) name these
+    fields, and :func:`plan_batches`'s also ``accumulate``, the Trainer's accumulation as given."""
 
     tokens_per_step: int | None = None
     max_tokens: int | None = None
@@ -42,28 +43,28 @@ class BatchSettings:
 
     def __post_init__(self) -> None:
         if self.tokens_per_step is not None and not whole(self.tokens_per_step, 1):
-            raise ConfigError("tokens_per_step", self.tokens_per_step, "must be a positive whole number of tokens")
+            raise FieldError("tokens_per_step", self.tokens_per_step, "must be a positive whole number of tokens")
         if self.max_tokens is None and self.tokens_per_step is None:
-            raise ConfigError(
-                "data.max_tokens", None, "takes each device's share of tokens_per_step: set tokens_per_step too"
+            raise FieldError(
+                "max_tokens", None, "takes each device's share of {tokens_per_step}: set {tokens_per_step} too"
             )
         if self.cap is None:
             return
         if not whole(self.cap, 1):
-            raise ConfigError("micro_batch_cap", self.cap, "must be a whole number of tokens >= 1, or null (no cap)")
-        if whole(self.max_len, 1) and self.cap < self.max_len:  # data.max_len is the data module's to check
-            raise ConfigError(
-                "micro_batch_cap",
+            raise FieldError("cap", self.cap, "must be a whole number of tokens >= 1, or null (no cap)")
+        if whole(self.max_len, 1) and self.cap < self.max_len:  # max_len is the data module's to check
+            raise FieldError(
+                "cap",
                 self.cap,
-                f"is smaller than the longest sentence training keeps (data.max_len={self.max_len} tokens); "
-                "raise micro_batch_cap or lower data.max_len",
+                f"is smaller than the longest sentence training keeps ({{max_len}}={self.max_len} tokens); "
+                "raise {cap} or lower {max_len}",
             )
         if whole(self.max_tokens, 1) and self.max_tokens > self.cap:
-            raise ConfigError(
-                "data.max_tokens",
+            raise FieldError(
+                "max_tokens",
                 self.max_tokens,
-                f"is over micro_batch_cap={self.cap}; lower it, or set data.max_tokens=null to split each "
-                "device's share of tokens_per_step within the cap",
+                f"is over {{cap}}={self.cap}; lower it, or set {{max_tokens}}=null to split each "
+                "device's share of {tokens_per_step} within the cap",
             )
 
 
@@ -71,17 +72,17 @@ def accumulation_steps(tokens_per_step: int, max_tokens: int, world_size: int) -
     """Per-device batches to accumulate so that ``world_size`` devices with ``max_tokens`` each make
     about ``tokens_per_step`` tokens per optimizer step (the nearest whole number, at least one); an
     error when that is more than :data:`TOLERANCE` away."""
-    if not whole(tokens_per_step, 1):  # data.max_tokens is the data module's to check
-        raise ConfigError("tokens_per_step", tokens_per_step, "must be a positive whole number of tokens")
+    if not whole(tokens_per_step, 1):  # max_tokens is the data module's to check
+        raise FieldError("tokens_per_step", tokens_per_step, "must be a positive whole number of tokens")
     steps = max(1, round(tokens_per_step / (max_tokens * world_size)))
     reached = steps * max_tokens * world_size
     if abs(reached - tokens_per_step) > TOLERANCE * tokens_per_step:
         fitting = round(tokens_per_step / (steps * world_size))
-        raise ConfigError(
+        raise FieldError(
             "tokens_per_step",
             tokens_per_step,
-            f"is out of reach with data.max_tokens={max_tokens} on {world_size} device(s) "
-            f"({steps} x {max_tokens} x {world_size} = {reached}); set data.max_tokens={fitting}",
+            f"is out of reach with {{max_tokens}}={max_tokens} on {world_size} device(s) "
+            f"({steps} x {max_tokens} x {world_size} = {reached}); set {{max_tokens}}={fitting}",
         )
     return steps
 
@@ -94,13 +95,13 @@ def micro_batches(tokens_per_step: int, world_size: int, cap: int | None = None,
     steps = 1 if cap is None else max(1, -(-share // cap))
     tokens = share // steps
     if tokens < max_len:
-        key, value = ("micro_batch_cap", cap) if steps > 1 else ("tokens_per_step", tokens_per_step)
-        raise ConfigError(
-            key,
+        field, value = ("cap", cap) if steps > 1 else ("tokens_per_step", tokens_per_step)
+        raise FieldError(
+            field,
             value,
             f"leaves micro-batches of {tokens} tokens ({tokens_per_step} tokens per step on {world_size} device(s)), "
-            f"fewer than the longest sentence training keeps (data.max_len={max_len}); raise {key} or lower "
-            "data.max_len",
+            f"fewer than the longest sentence training keeps ({{max_len}}={max_len}); raise {{{field}}} or lower "
+            "{max_len}",
         )
     return tokens, steps
 
@@ -113,10 +114,10 @@ def plan_batches(batch: BatchSettings, world: int, accumulate: int) -> dict[str,
     results.json; :func:`trainer_arguments` turns it into the Trainer's."""
     tokens_per_step = batch.tokens_per_step
     if tokens_per_step is not None and accumulate != 1:
-        raise ConfigError(
-            "trainer.accumulate_grad_batches",
+        raise FieldError(
+            "accumulate",
             accumulate,
-            f"conflicts with tokens_per_step={tokens_per_step}, which sets the gradient accumulation; "
+            f"conflicts with {{tokens_per_step}}={tokens_per_step}, which sets the gradient accumulation; "
             "remove one of them",
         )
     max_tokens, formed, accumulation = batch.max_tokens, "data.max_tokens", accumulate
