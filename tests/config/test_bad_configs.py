@@ -65,6 +65,7 @@ BAD_CONFIGS = [
     (["sdpa_backends=[flash,fast]"], "sdpa_backends", "fast"),
     (["sdpa_backends=[]"], "sdpa_backends", "[]"),
     (["gc_every=0"], "gc_every", "0"),
+    (["callbacks=[{{_target_:collections.OrderedDict}}]"], "callbacks", "OrderedDict"),  # not a Lightning callback
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
     (["cpu_bf16=yes"], "cpu_bf16", "yes"),  # hardware=cpu's choice of bf16 autocast
     (["trainer.max_steps=0"], "trainer.max_steps", "0"),

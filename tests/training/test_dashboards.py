@@ -23,6 +23,7 @@ from aiayn.config.build import build_loggers
 from aiayn.config.compose import compose_run_config
 from aiayn.config.naming import RunIdentity, run_identity
 from aiayn.data.corpus import read_lines
+from aiayn.errors import FieldError
 from aiayn.experiments.run import train
 from aiayn.machine import peak_flops
 from aiayn.model import TransformerConfig, batch_training_flops, forward_flops
@@ -206,7 +207,7 @@ def test_wandb_mode_follows_the_environment_and_the_credentials(
     monkeypatch.setenv("WANDB_MODE", "disabled")
     assert mode() == "disabled" and mode("offline") == "offline"  # an explicit mode wins
     assert wandb_mode("auto")[1] == "WANDB_MODE=disabled"
-    with pytest.raises(ValueError, match=r"logger.wandb.mode=cloud is not a W&B mode; use one of auto, online"):
+    with pytest.raises(FieldError, match=r"^mode=cloud is not a W&B mode; use one of auto, online"):
         wandb_mode("cloud")
 
 

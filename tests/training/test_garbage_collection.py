@@ -14,7 +14,7 @@ import pytest
 import pytorch_lightning as pl
 
 from aiayn.config.compose import compose_run_config
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 from aiayn.experiments.run import train
 from aiayn.training.callbacks.garbage import ScheduledCollection
 from helpers.runs import resumable_run
@@ -108,5 +108,5 @@ def test_a_fit_that_fails_restores_the_collector(tmp_path: Path, corpus_root: Pa
 
 @pytest.mark.parametrize("every", [0, -5, 2.5, "often"])
 def test_a_schedule_that_is_not_a_positive_whole_number_of_steps_is_refused_naming_the_key(every: Any) -> None:
-    with pytest.raises(ConfigError, match=r"^gc_every=\S+ must be a whole number of optimizer steps >= 1"):
+    with pytest.raises(FieldError, match=r"^every=\S+ must be a whole number of optimizer steps >= 1"):
         ScheduledCollection(every)

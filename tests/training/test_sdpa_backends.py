@@ -14,7 +14,7 @@ import pytorch_lightning as pl
 import torch
 
 from aiayn.config.compose import compose_run_config
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 from aiayn.experiments.run import train
 from aiayn.model import SDPA_BACKENDS
 from aiayn.training.callbacks.sdpa import SdpaBackends
@@ -89,5 +89,5 @@ def test_the_setting_allows_exactly_the_kernels_it_names(backends: list[str]) ->
 
 @pytest.mark.parametrize("backends", [[], ["fast"], "flash", None, [1]])
 def test_a_setting_that_is_not_a_list_of_kernels_is_refused_naming_the_key(backends: Any) -> None:
-    with pytest.raises(ConfigError, match=r"^sdpa_backends=.* must be a list of one or more of flash, efficient"):
+    with pytest.raises(FieldError, match=r"^sdpa_backends=.* must be a list of one or more of flash, efficient"):
         SdpaBackends(backends)

@@ -124,13 +124,13 @@ def run_flag(model: DictConfig, key: str) -> bool:
 
 
 def instantiated(spec: DictConfig, **kwargs: Any) -> Any:
-    """``hydra.utils.instantiate``, but a target's own :class:`ConfigError` or :class:`DataError` (a
-    one-line message naming the key and the fix) is raised as it is, not wrapped into Hydra's exception
-    with its traceback."""
+    """``hydra.utils.instantiate``, but a target's own :class:`ConfigError`, :class:`FieldError` or
+    :class:`DataError` (a one-line message naming the key or field and the fix) is raised as it is, not
+    wrapped into Hydra's exception with its traceback."""
     try:
         return instantiate(spec, **kwargs)
     except InstantiationException as error:
-        if isinstance(error.__cause__, ConfigError | DataError):
+        if isinstance(error.__cause__, ConfigError | FieldError | DataError):
             raise error.__cause__ from None
         raise
 
@@ -150,5 +150,6 @@ def build_loggers(logger_cfg: DictConfig, run_dir: Path, identity: RunIdentity) 
         extra: dict[str, Any] = {"save_dir": str(run_dir)}
         if key == "wandb":
             extra |= {"name": spec.get("name") or identity.name, "group": spec.get("group") or identity.group}
-        loggers.append(instantiated(spec, **extra))
+        with config_keys(f"logger.{key}"):
+            loggers.append(instantiated(spec, **extra))
     return loggers

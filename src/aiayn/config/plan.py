@@ -174,7 +174,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     module = module_settings(cfg)
     trainer_settings = check_run_config(cfg)
     check_decay_budget(module.optim, cfg.trainer)
-    progress = progress_style(cfg.progress)
+    with config_keys(""):  # progress, sdpa_backends, gc_every: top-level keys
+        progress = progress_style(cfg.progress)
     with config_keys("", BATCH_KEYS):
         batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
     world_size = trainer_settings.world_size
@@ -186,10 +187,11 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     # the run trained on and what a resume must match.
     resolved["data"]["max_tokens"] = batching["max_tokens_per_device"]
     data = instantiated(cfg.data, max_tokens=batching["max_tokens_per_device"])
-    sdpa = SdpaBackends(
-        OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends
-    )
-    collection = ScheduledCollection(cfg.gc_every) if cfg.gc_every is not None else None
+    with config_keys("", {"every": "gc_every"}):
+        sdpa = SdpaBackends(
+            OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends
+        )
+        collection = ScheduledCollection(cfg.gc_every) if cfg.gc_every is not None else None
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
     trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch

@@ -25,7 +25,7 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.config.build import build_loggers
+from aiayn.config.build import build_loggers, config_keys
 from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
@@ -233,6 +233,8 @@ def sole_writer(run_dir: Path) -> AbstractContextManager[None]:
 def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
     """The callbacks of a run as its plan sets them, the config's ``callbacks`` entries among the others."""
     policy = plan.checkpoint
+    with config_keys(""):  # the config's own callbacks: Lightning callbacks, or the run stops naming the key
+        own = [as_callback(instantiate(callback)) for callback in plan.callbacks]
     best, last, steps = validation_checkpoints(
         run_dir / "checkpoints", policy.monitor, policy.mode, policy.keep_last, policy.average_every
     )
@@ -254,7 +256,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
             FreedMemoryRelease(),
             ShapeWarmUp(),
             *progress_callbacks(plan.progress),
-            *(as_callback(instantiate(callback)) for callback in plan.callbacks),
+            *own,
         ],
     )
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.trainer.states import TrainerFn
 
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import FieldError, whole
 from aiayn.machine import release_freed_memory, retaining_freed_memory, return_freed_memory
 
 
@@ -33,7 +33,7 @@ class ScheduledCollection(pl.Callback):
     def __init__(self, every: int) -> None:
         if not whole(every, 1):
             allowed = "must be a whole number of optimizer steps >= 1, or null (Python collects by itself)"
-            raise ConfigError("gc_every", every, allowed)
+            raise FieldError("every", every, allowed)
         self.every = every
         self._before: tuple[bool, bool] | None = None  # (automatic collection was on, nothing was frozen)
         self._collected_at = 0  # the optimizer step after which the latest scheduled collection ran

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 
 # Every hook the trainer calls on a callback (Lightning 2.x: setup, teardown and the on_* events).
 HOOKS = tuple(
@@ -59,6 +59,6 @@ def as_callback(callback: Any) -> pl.Callback:
     other = sys.modules.get("lightning.pytorch")
     if other is not None and isinstance(callback, other.Callback):
         return OtherPackageCallback(callback)
-    raise ConfigError(
+    raise FieldError(
         "callbacks", type(callback).__name__, "must be Lightning callbacks (pytorch_lightning or lightning.pytorch)"
     )

@@ -10,7 +10,7 @@ from typing import Any
 import pytorch_lightning as pl
 from pytorch_lightning.callbacks import RichProgressBar
 
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 from aiayn.training.callbacks.cadence import metrics_flushed_at
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ def progress_style(requested: str) -> str:
     """``rich``, ``tqdm`` or ``quiet``; ``auto`` is the rich bar on a terminal and quiet elsewhere (CI,
     SLURM and nohup logs, where a bar would print nothing until its end, or a line per refresh)."""
     if requested not in PROGRESS_STYLES:
-        raise ConfigError("progress", requested, f"is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
+        raise FieldError("progress", requested, f"is not a progress display; use one of {', '.join(PROGRESS_STYLES)}")
     if requested == "auto":
         return "rich" if sys.stdout.isatty() else "quiet"
     return requested

@@ -9,7 +9,6 @@ from collections.abc import Sequence
 
 import pytorch_lightning as pl
 
-from aiayn.errors import ConfigError, FieldError
 from aiayn.model import sdpa_backends, use_sdpa_backends
 
 
@@ -19,10 +18,7 @@ class SdpaBackends(pl.Callback):
     are torch's, and a CPU runs its own kernels among those allowed."""
 
     def __init__(self, backends: Sequence[str]) -> None:
-        try:
-            self.backends = sdpa_backends(backends)
-        except FieldError as error:
-            raise ConfigError(error.field, error.value, error.allowed) from None
+        self.backends = sdpa_backends(backends)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         use_sdpa_backends(self.backends)

@@ -20,7 +20,7 @@ import string
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from aiayn.errors import ConfigError, DataError
+from aiayn.errors import ConfigError, DataError, FieldError
 from aiayn.files import NotPlainFile, atomic_write, open_plain
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,9 @@ def wandb_mode(requested: str) -> tuple[str, str]:
     """``online``, ``offline`` or ``disabled``, and why: ``auto`` follows ``WANDB_MODE``, else whether
     W&B has credentials."""
     if requested not in WANDB_MODES:
-        raise ConfigError("logger.wandb.mode", requested, f"is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
+        raise FieldError("mode", requested, f"is not a W&B mode; use one of {', '.join(WANDB_MODES)}")
     if requested != "auto":
-        return requested, f"logger.wandb.mode={requested}"
+        return requested, f"mode={requested}"
     env = os.environ.get("WANDB_MODE", "").lower()
     if env in ("online", "offline", "disabled", "dryrun"):
         return ("offline" if env == "dryrun" else env), f"WANDB_MODE={env}"
