@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 
+from aiayn.config.compose import compose_run_config
+from aiayn.config.plan import plan_run
 from aiayn.data import Multi30kDataModule
 from aiayn.data import datamodule as datamodule_module
-from aiayn.errors import ConfigError
+from aiayn.errors import ConfigError, FieldError
 
 
 def datamodule(root: Path, cache: Path, **kwargs: object) -> Multi30kDataModule:
@@ -73,5 +75,9 @@ def test_loader_options_follow_the_workers(corpus_root: Path, cache_dir: Path, m
     [("prefetch_factor", 0), ("batch_shapes", 0), ("batch_shapes", 2.5), ("num_workers", -1)],
 )
 def test_bad_loader_settings_name_their_key(corpus_root: Path, tmp_path: Path, key: str, value: object) -> None:
-    with pytest.raises(ConfigError, match=rf"data\.{key}={value} must be a whole number >= \d"):
+    with pytest.raises(FieldError, match=rf"^{key}={value} must be a whole number >= \d") as refused:
         Multi30kDataModule(root=str(corpus_root), cache_dir=str(tmp_path), **{key: value})
+    assert refused.value.field == key
+    cfg = compose_run_config([f"data.{key}={value}", f"data.root={corpus_root}", f"data.cache_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match=rf"^data\.{key}={value} must be a whole number >= \d"):
+        plan_run(cfg)  # as aiayn-train names it

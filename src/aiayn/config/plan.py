@@ -186,7 +186,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     # data.max_tokens=null: the device's share; the stored config (config.yaml, checkpoints) holds it, as what
     # the run trained on and what a resume must match.
     resolved["data"]["max_tokens"] = batching["max_tokens_per_device"]
-    data = instantiated(cfg.data, max_tokens=batching["max_tokens_per_device"])
+    with config_keys("data"):
+        data = instantiated(cfg.data, max_tokens=batching["max_tokens_per_device"])
     with config_keys("", {"every": "gc_every"}):
         sdpa = SdpaBackends(
             OmegaConf.to_container(cfg.sdpa_backends) if OmegaConf.is_config(cfg.sdpa_backends) else cfg.sdpa_backends

@@ -33,7 +33,7 @@ from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dty
 from aiayn.data.encoding import encode_split
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, is_number, whole
+from aiayn.errors import ConfigError, FieldError, is_number, whole
 from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,9 @@ def check_sizes(
     train_limit: int | None,
     eval_limit: int | None,
 ) -> None:
-    """The data module's sizes, counts and limits, each a :class:`~aiayn.errors.ConfigError` naming its
-    ``data.*`` key; among them, the token budget against the longest sentence training keeps."""
+    """The data module's sizes, counts and limits, each a :class:`~aiayn.errors.FieldError` naming its field
+    (the config layer names the ``data.*`` key); among them, the token budget against the longest sentence
+    training keeps."""
     counts = (
         ("tokenizer_sample", tokenizer_sample, 1, False),
         ("num_workers", num_workers, 0, True),
@@ -84,21 +85,21 @@ def check_sizes(
     )
     for key, value, minimum, null in counts:
         if not (null and value is None) and not whole(value, minimum):
-            raise ConfigError(f"data.{key}", value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
+            raise FieldError(key, value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
     if max_len_ratio is not None and not (is_number(max_len_ratio) and max_len_ratio >= 1):
-        raise ConfigError("data.max_len_ratio", max_len_ratio, "must be a number >= 1 (or null: no ratio filter)")
+        raise FieldError("max_len_ratio", max_len_ratio, "must be a number >= 1 (or null: no ratio filter)")
     for key, value in (("max_tokens", max_tokens), ("max_len", max_len)):
         if not whole(value, 1):
-            raise ConfigError(f"data.{key}", value, "must be a whole number of tokens >= 1")
+            raise FieldError(key, value, "must be a whole number of tokens >= 1")
     if eval_max_tokens is not None and not whole(eval_max_tokens, 1):
-        raise ConfigError("data.eval_max_tokens", eval_max_tokens, "must be a whole number of tokens >= 1 (or null)")
+        raise FieldError("eval_max_tokens", eval_max_tokens, "must be a whole number of tokens >= 1 (or null)")
     # A kept pair has at most max_len tokens per side, its end-of-sentence token included.
     if max_tokens < max_len:
-        raise ConfigError(
-            "data.max_tokens",
+        raise FieldError(
+            "max_tokens",
             max_tokens,
-            f"is smaller than the longest sentence training keeps (data.max_len={max_len} tokens); "
-            "raise data.max_tokens or lower data.max_len",
+            f"is smaller than the longest sentence training keeps ({{max_len}}={max_len} tokens); "
+            "raise {max_tokens} or lower {max_len}",
         )
 
 
