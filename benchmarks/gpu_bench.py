@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-# seconds: 8 minutes in all, with the set-up; training's include the tokenizer (trained once, cached)
+# seconds: 425 in all, with the set-up; training's include the tokenizer (trained once, cached)
 TIMEOUTS = {
     "tests": 150, "train": 90, "train_big": 60, "train_compiled": 65, "fusion": 25, "decoding": 35
 }  # fmt: skip

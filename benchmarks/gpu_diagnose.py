@@ -90,18 +90,6 @@ def batch_sets(vocab: int, max_tokens: int, count: int, sets: int, seed: int = 0
     return out
 
 
-def to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Pinned host tensors copied without blocking, as Lightning's transfer of a pinned batch does."""
-    moved = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            value = value.pin_memory() if device.type == "cuda" else value
-            moved[key] = value.to(device, non_blocking=True)
-        else:
-            moved[key] = value
-    return moved
-
-
 def pinned(batches: list[dict[str, Any]], device: torch.device) -> list[dict[str, Any]]:
     return [
         {k: (v.pin_memory() if isinstance(v, torch.Tensor) and device.type == "cuda" else v) for k, v in b.items()}

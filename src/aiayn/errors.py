@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 _FIELD_REFERENCE = re.compile(r"\{([a-z_]+)\}")  # "{max_tokens}": a field a FieldError's message names
+_FIELD_SETTING = re.compile(r"(?<![\w.])([a-z_]+)=")  # ... or with its value: "positional=sinusoidal"
 
 
 class FieldError(ValueError):
@@ -28,12 +29,13 @@ class FieldError(ValueError):
 
     def __init__(self, field: str, value: Any, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}={show(value)} {named_fields(allowed, lambda name: name)}")
+        super().__init__(f"{field}={show(value)} {_FIELD_REFERENCE.sub(lambda match: match.group(1), allowed)}")
 
-
-def named_fields(text: str, name: Callable[[str], str]) -> str:
-    """``text`` with each field reference ``{field}`` replaced by ``name(field)``."""
-    return _FIELD_REFERENCE.sub(lambda match: name(match.group(1)), text)
+    def named(self, key: Callable[[str], str]) -> tuple[str, str]:
+        """This field and the message's others (``{field}``, or ``field=`` as in ``must be even for
+        positional=sinusoidal``) each as ``key(field)``: the key, and what is allowed."""
+        allowed = _FIELD_SETTING.sub(lambda match: key(match.group(1)) + "=", self.allowed)
+        return key(self.field), _FIELD_REFERENCE.sub(lambda match: key(match.group(1)), allowed)
 
 
 class ConfigError(ValueError):

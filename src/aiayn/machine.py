@@ -153,14 +153,21 @@ def device_name(device: torch.device) -> str:
     return cpuinfo_field(read_cpuinfo(), "model name") or platform.processor() or platform.machine()
 
 
-def _glibc_function(name: str) -> Any:
-    """A function of glibc, or None where there is none (not Linux, another C library)."""
+@functools.cache
+def _libc() -> Any:
+    """The C library, loaded once (``find_library`` runs ``ldconfig``: not after every validation), or
+    None where there is none to load (not Linux)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
+
+
+def _glibc_function(name: str) -> Any:
+    """A function of glibc, or None where there is none (not Linux, another C library)."""
+    return getattr(_libc(), name, None)
 
 
 def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int) -> bool:

@@ -36,6 +36,7 @@ import torch
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict, read_write
 
+from aiayn.config.build import config_keys
 from aiayn.errors import ConfigError, first_line
 from aiayn.machine import Devices
 
@@ -58,7 +59,8 @@ def starts_ranks(trainer: DictConfig) -> bool:
     unless a cluster (SLURM, torchrun) started them."""
     strategy = trainer.get("strategy")
     name = str(strategy.get("_target_", "")) if isinstance(strategy, DictConfig) else str(strategy)
-    devices = Devices.parse(trainer.get("devices", 1), trainer.get("num_nodes", 1))
+    with config_keys("trainer"):  # a bad value: one line naming trainer.devices, not a traceback
+        devices = Devices.parse(trainer.get("devices", 1), trainer.get("num_nodes", 1))
     return "ddp" in name.lower() and devices.several
 
 

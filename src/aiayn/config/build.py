@@ -6,7 +6,6 @@ together once, by :func:`aiayn.config.plan.plan_run`."""
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from aiayn.config.naming import RunIdentity
 from aiayn.data.tokenizer import PAD_ID
-from aiayn.errors import ConfigError, DataError, FieldError, named_fields
+from aiayn.errors import ConfigError, DataError, FieldError
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.schedule import OptimSettings
 
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 MODEL_FIELD_KEYS = {"vocab_size": "data.vocab_size"}
 # Keys of the model section that say how to run the model, not what it is: not in its checkpoint's model.
 RUN_FLAGS = ("compile", "packed_attention")
-_FIELD = re.compile(r"(?<![\w.])([a-z_]+)=")  # a field named in a message: "positional=sinusoidal"
 
 
 @contextmanager
@@ -46,8 +44,8 @@ def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator
     try:
         yield
     except FieldError as error:
-        allowed = named_fields(_FIELD.sub(lambda m: key(m.group(1)) + "=", error.allowed), key)
-        raise ConfigError(key(error.field), error.value, allowed) from None
+        name, allowed = error.named(key)
+        raise ConfigError(name, error.value, allowed) from None
 
 
 def check_known(section: str, settings: Mapping[str, Any], *known: str) -> None:

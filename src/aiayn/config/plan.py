@@ -174,14 +174,11 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     module = module_settings(cfg)
     trainer_settings = check_run_config(cfg)
     check_decay_budget(module.optim, cfg.trainer)
-    with config_keys(""):  # progress, sdpa_backends, gc_every: top-level keys
-        progress = progress_style(cfg.progress)
-    with config_keys("", BATCH_KEYS):
-        batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
-    world_size = trainer_settings.world_size
     checkpoint = checkpoint_policy(cfg.checkpoint)
-    with config_keys("", BATCH_KEYS):
-        batching = plan_batches(batch, world_size, trainer_settings.accumulate_grad_batches)
+    with config_keys("", BATCH_KEYS):  # the other fields named: top-level keys (progress)
+        progress = progress_style(cfg.progress)
+        batch = BatchSettings(cfg.tokens_per_step, cfg.data.max_tokens, cfg.micro_batch_cap, cfg.data.max_len)
+        batching = plan_batches(batch, trainer_settings.world_size, trainer_settings.accumulate_grad_batches)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     # data.max_tokens=null: the device's share; the stored config (config.yaml, checkpoints) holds it, as what
     # the run trained on and what a resume must match.
@@ -200,7 +197,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     trainer.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer.setdefault("enable_model_summary", progress != "quiet")
     ema = ema_settings(cfg.ema)
-    if cfg.checkpoint.answer == "ema" and not ema.decay:
+    if checkpoint.answer == "ema" and not ema.decay:
         raise ConfigError("checkpoint.answer", "ema", "needs an EMA of the weights: set ema.decay (e.g. 0.999)")
     return RunPlan(
         resolved=resolved,
@@ -210,7 +207,7 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
         ema=ema,
         trainer=trainer,
         batching=batching,
-        world_size=world_size,
+        world_size=batching["world_size"],
         progress=progress,
         samples=samples,
         sdpa=sdpa,

@@ -4,8 +4,10 @@ Each part checks its own settings where it is built, and only there (:class:`~ai
 :class:`~aiayn.model.DecodingOptions`, :class:`~aiayn.training.schedule.OptimSettings`, the data
 modules' sizes, counts and sources), once, in :func:`aiayn.config.plan.plan_run`. What no part can see
 alone is checked here: unset or unresolvable values, settings that do not exist, sentence lengths
-against the model's positions, the devices against what the machine has, the step, precision and
-checkpoint settings, and what a multirun cannot do. Every failure is a :class:`~aiayn.errors.ConfigError`.
+against the model's positions, and what a multirun cannot do; the trainer's settings
+(:class:`~aiayn.training.trainer_settings.TrainerSettings`: the devices against what the machine has, the
+limits, the precision) are made here and named ``trainer.*``. Every failure is a
+:class:`~aiayn.errors.ConfigError`.
 """
 
 from __future__ import annotations

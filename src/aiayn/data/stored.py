@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import CheckpointError, ConfigError, DataError, FieldError, named_fields, show
+from aiayn.errors import CheckpointError, ConfigError, DataError, FieldError, show
 from aiayn.extras import MissingExtra
 
 # The data sections aiayn-train writes (conf/data/*.yaml): one of these modules, flat, at the top.
@@ -80,9 +80,8 @@ def instantiated_from_checkpoint(
     except ConfigError as error:  # a stored value the module refuses, in the module's own words
         raise CheckpointError(f"checkpoint {checkpoint}: its stored {error}") from None
     except FieldError as error:  # ... or names as one of its fields: the stored section's key
-        allowed = named_fields(error.allowed, lambda name: f"{section}.{name}")
-        stored = f"{section}.{error.field}={show(error.value)} {allowed}"
-        raise CheckpointError(f"checkpoint {checkpoint}: its stored {stored}") from None
+        key, allowed = error.named(lambda name: f"{section}.{name}")
+        raise CheckpointError(f"checkpoint {checkpoint}: its stored {key}={show(error.value)} {allowed}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as error:
         raise CheckpointError(f"checkpoint {checkpoint}: its stored {section} cannot be built: {error}") from None
 

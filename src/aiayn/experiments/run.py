@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytorch_lightning as pl
-from hydra.utils import instantiate
 from lightning_fabric.plugins.io.checkpoint_io import CheckpointIO
 from omegaconf import DictConfig, OmegaConf
 from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from aiayn.config.build import build_loggers, config_keys
+from aiayn.config.build import build_loggers, config_keys, instantiated
 from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
@@ -234,7 +233,7 @@ def run_callbacks(plan: RunPlan, run_dir: Path) -> RunCallbacks:
     """The callbacks of a run as its plan sets them, the config's ``callbacks`` entries among the others."""
     policy = plan.checkpoint
     with config_keys(""):  # the config's own callbacks: Lightning callbacks, or the run stops naming the key
-        own = [as_callback(instantiate(callback)) for callback in plan.callbacks]
+        own = [as_callback(instantiated(callback)) for callback in plan.callbacks]
     best, last, steps = validation_checkpoints(
         run_dir / "checkpoints", policy.monitor, policy.mode, policy.keep_last, policy.average_every
     )
