@@ -25,7 +25,7 @@ from aiayn.config.naming import sweep_parameters
 from aiayn.data.cache import CacheEntry
 from aiayn.data.corpus import file_digest, read_lines
 from aiayn.errors import DataError
-from aiayn.evaluation.evaluate import is_checkpoint_file
+from aiayn.evaluation.settings import is_checkpoint_file
 from aiayn.experiments.sweeps.file import load_sweep
 from aiayn.experiments.sweeps.launchers import read_exit_file
 from aiayn.experiments.sweeps.state import STATE_FILE, SweepError, SweepState

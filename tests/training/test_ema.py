@@ -25,7 +25,7 @@ from aiayn.config.plan import plan_run
 from aiayn.data.corpus import read_lines
 from aiayn.errors import CheckpointError, ConfigError
 from aiayn.experiments.run import build_trainer, run_callbacks, train
-from aiayn.export.checkpoint import export_checkpoint
+from aiayn.export.checkpoint import ExportSettings, export_checkpoint
 from aiayn.export.folder import read_provenance
 from aiayn.training.callbacks.ema import ExponentialMovingAverage
 from aiayn.training.callbacks.preemption import Preempted
@@ -166,7 +166,7 @@ def test_the_run_tests_ema_ckpt_which_aiayn_eval_and_aiayn_export_take_as_any_ch
     assert exit_status(evaluate_cli.main, argv, monkeypatch) == 0
     (report,) = (tmp_path / "eval").glob("ema.src.en.beam1-alpha0.0.*.json")
     assert json.loads(report.read_text())["sentences"] == 4
-    export_checkpoint(path, "ctranslate2", tmp_path / "exported")
+    export_checkpoint(ExportSettings(path, "ctranslate2", tmp_path / "exported"))
     provenance = read_provenance(tmp_path / "exported")
     assert provenance["checkpoint"] == str(path.resolve()) and provenance["global_step"] == STEPS
 

@@ -1,4 +1,4 @@
-"""What the command-line tools share: reporting a user's mistake in one line, choosing the device."""
+"""What the command-line tools share: reporting a user's mistake in one line."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import shutil
 import signal
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -25,7 +25,7 @@ from aiayn.files import LOCK_FILE
 from aiayn.machine import process_rank
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)
@@ -195,36 +195,3 @@ def fail(program: str, error: BaseException | str, status: int, what: str = "err
         message = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
         print(f"{program}: {what}: {message}", file=sys.stderr)
     sys.exit(status)
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` is the first GPU when there is one, else the CPU."""
-    import torch  # here: aiayn-sweep and aiayn-report share this module and start without torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        chosen = torch.device(device)
-    except RuntimeError:
-        raise ConfigError("device", device, "is not a device; use auto, cpu, cuda or cuda:<index>") from None
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", device, "but no CUDA GPU is visible here; use device=cpu or device=auto")
-    return chosen
-
-
-def required_checkpoints(checkpoint: Any) -> list[Path]:
-    """``checkpoint=<path>``, or ``checkpoint=[a.ckpt,b.ckpt]``: an ensemble (``aiayn-translate``, ``aiayn-eval``)."""
-    if isinstance(checkpoint, Sequence) and not isinstance(checkpoint, str):
-        if not checkpoint:
-            raise ConfigError("checkpoint", [], "must name at least one checkpoint")
-        return [required_checkpoint(path) for path in checkpoint]
-    return [required_checkpoint(checkpoint)]
-
-
-def required_checkpoint(checkpoint: str | None) -> Path:
-    """``checkpoint=<path>``, which a tool that loads a model needs."""
-    if not checkpoint:
-        raise ValueError("checkpoint=<path to a .ckpt of aiayn-train or aiayn-average> is required")
-    if not isinstance(checkpoint, str):
-        raise ConfigError("checkpoint", checkpoint, "must be a path (a .ckpt of aiayn-train or aiayn-average)")
-    return Path(checkpoint)

@@ -19,31 +19,21 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors, required_checkpoints, resolve_device
+from aiayn.cli.common import reported_as_usage_errors, reported_hydra_errors
 from aiayn.cli.help import exit_with_help_if_asked
 from aiayn.config.compose import config_dir
-from aiayn.config.settings import check_settings
-from aiayn.errors import ConfigError, DataError, whole
-from aiayn.files import atomic_write, bounded_lines, open_plain, same_file
+from aiayn.errors import DataError
+from aiayn.files import atomic_write, bounded_lines, open_plain
 
 if TYPE_CHECKING:
+    from aiayn.evaluation.settings import TranslateSettings
     from aiayn.evaluation.translator import Candidate
-
-# The settings that name something, and what they must be.
-NAMES = {
-    "backend": "must be auto, aiayn or ctranslate2",
-    "compute_type": "must be a CTranslate2 compute type (default, int8, float32, ...)",
-    "input": "must be a file (or null: stdin)",
-    "output": "must be a file (or null: stdout)",
-    "device": "is not a device; use auto, cpu, cuda or cuda:<index>",
-}
 
 
 def main() -> None:
@@ -56,54 +46,37 @@ def main() -> None:
 @hydra.main(config_path=config_dir(), config_name="translate", version_base="1.3")
 def run(cfg: DictConfig) -> None:
     # torch and the model are imported by the work that needs them: --help starts at once.
-    from aiayn.config.build import decoding_options
+    from aiayn.config.tool_plans import plan_translate, tool_keys
+
+    with reported_as_usage_errors("aiayn-translate"), tool_keys():
+        translate(plan_translate(cfg, HydraConfig.get().overrides.task))
+
+
+def translate(settings: TranslateSettings) -> None:
+    """Translate ``settings.input`` (or stdin) to ``settings.output`` (or stdout), as the module says."""
     from aiayn.evaluation.translator import Translator, load_translation_models
-    from aiayn.model import sdpa_backends
 
-    with reported_as_usage_errors("aiayn-translate"):
-        check_settings(cfg, "translate", HydraConfig.get().overrides.task)
-        source, target = checked_files(cfg)
-        decoding = decoding_options(cfg.decoding)
-        backends = sdpa_backends(
-            OmegaConf.to_object(cfg.sdpa_backends) if OmegaConf.is_list(cfg.sdpa_backends) else cfg.sdpa_backends
+    decode, source, target = settings.decode, settings.input, settings.output
+    with ExitStack() as files:
+        # Opened before the model is loaded: a FIFO or a device there is refused at once.
+        stream = files.enter_context(open_plain(source, follow_links=True)) if source else sys.stdin.buffer
+        model, tokenizer, _ = load_translation_models(
+            list(decode.checkpoint), decode.backend, decode.torch_device, decode.compute_type
         )
-        checkpoints = required_checkpoints(cfg.checkpoint)
-        with ExitStack() as files:
-            # Opened before the model is loaded: a FIFO or a device there is refused at once.
-            stream = files.enter_context(open_plain(source, follow_links=True)) if source else sys.stdin.buffer
-            model, tokenizer, _ = load_translation_models(
-                checkpoints, cfg.backend, resolve_device(cfg.device), cfg.compute_type
-            )
-            translator = Translator(model, tokenizer, decoding, cfg.max_tokens, cfg.nbest, cfg.seed, backends)
-            lines = Utf8Lines(stream, str(source) if source else "<stdin>")
-            blocks = written(translator.translate_blocks(lines, block=cfg.buffer_lines), cfg.nbest)
-            if target is None:
-                sys.stdout.reconfigure(encoding="utf-8")
-                for text in blocks:
-                    sys.stdout.write(text)
-                    sys.stdout.flush()  # a reader at the other end of a pipe gets each block at once
-            else:
-                atomic_write(target, lambda out: write_all(blocks, out))
-        if lines.error is not None:
-            raise lines.error
-
-
-def checked_files(cfg: DictConfig) -> tuple[Path | None, Path | None]:
-    """The input and output files (None: stdin, stdout), once the settings are checked (``decoding`` is
-    :func:`~aiayn.config.build.decoding_options`'s): each mistake a :class:`~aiayn.errors.ConfigError`
-    naming its key, before the model is loaded or a file is written."""
-    for key in ("max_tokens", "buffer_lines", "nbest"):
-        if not whole(cfg[key], 1):
-            raise ConfigError(key, cfg[key], "must be a whole number >= 1")
-    for key, allowed in NAMES.items():
-        if cfg[key] is not None and not isinstance(cfg[key], str):
-            raise ConfigError(key, cfg[key], allowed)
-    source, target = (Path(cfg[key]).expanduser() if cfg[key] else None for key in ("input", "output"))
-    if target is not None and target.is_dir():
-        raise ConfigError("output", cfg.output, "is a folder; give the file to write the translations to")
-    if source is not None and target is not None and same_file(source, target):
-        raise ConfigError("output", cfg.output, f"is the input file {cfg.input}; write the translations elsewhere")
-    return source, target
+        translator = Translator(
+            model, tokenizer, decode.decoding, decode.max_tokens, decode.nbest, decode.seed, decode.sdpa_backends
+        )
+        lines = Utf8Lines(stream, str(source) if source else "<stdin>")
+        blocks = written(translator.translate_blocks(lines, block=settings.buffer_lines), decode.nbest)
+        if target is None:
+            sys.stdout.reconfigure(encoding="utf-8")
+            for text in blocks:
+                sys.stdout.write(text)
+                sys.stdout.flush()  # a reader at the other end of a pipe gets each block at once
+        else:
+            atomic_write(target, lambda out: write_all(blocks, out))
+    if lines.error is not None:
+        raise lines.error
 
 
 class Utf8Lines:

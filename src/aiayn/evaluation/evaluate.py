@@ -2,8 +2,8 @@
 with its references → hypotheses (and with ``nbest`` > 1 the n best of each line), their scores and a JSON
 report in an output folder; with a compared system (another checkpoint or ensemble, or a file of
 hypotheses), also whether the two differ significantly (sacreBLEU's paired bootstrap). Choosing decoding
-settings on the validation split is :mod:`aiayn.evaluation.tuning`'s. Plain arguments: the console
-script reads them from its config."""
+settings on the validation split is :mod:`aiayn.evaluation.tuning`'s. What to do comes as
+:class:`~aiayn.evaluation.settings.EvalSettings`, which the config layer makes from the command's config."""
 
 from __future__ import annotations
 
@@ -19,32 +19,14 @@ import torch
 
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
-from aiayn.errors import CheckpointError, ConfigError, show, whole
+from aiayn.errors import CheckpointError, FieldError, show
+from aiayn.evaluation.settings import ComparedSystem, EvalSettings, Texts
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
-from aiayn.files import atomic_write, open_plain
-from aiayn.model import DEFAULT_SDPA_BACKENDS, DecodingOptions
+from aiayn.files import atomic_write
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
-TOKENIZED_BLEU = ("auto", True, False)
-# What torch.load reads: a zip archive (torch.save's format) or a pickle (its legacy one). Neither can
-# begin a file of UTF-8 text, so a file of hypotheses is never mistaken for a checkpoint.
-CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
-Compared = tuple[list[Path], bool]  # compare=: the system's files and whether they are checkpoints
-
-
-@dataclass(frozen=True)
-class Texts:
-    """What is evaluated: the files ``source`` and ``reference`` when given, else the ``split`` (train, val
-    or test) of the corpus the checkpoint's run was trained on, read from ``data_root`` (or the Hub
-    dataset ``data_hub``)."""
-
-    split: str = "test"
-    source: Path | None = None
-    reference: Path | None = None
-    data_root: str | None = None
-    data_hub: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,59 +41,41 @@ class Evaluation:
     nbest_file: Path | None = None
 
 
-def evaluate(
-    checkpoint: Path | Sequence[Path],
-    texts: Texts,
-    decoding: DecodingOptions,
-    device: torch.device,
-    *,
-    backend: str = "auto",
-    compute_type: str = "default",
-    max_tokens: int = 8192,
-    tokenized_bleu: str | bool = "auto",
-    compare: Compared | None = None,
-    output_dir: Path | None = None,
-    nbest: int = 1,
-    seed: int = 0,
-    sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
-) -> Evaluation:
-    """Translates ``texts`` with the model of ``checkpoint`` (or the ensemble of several: the mean of their
-    log-probabilities), decoded by ``backend`` with ``decoding`` (the draws of ``decoding.sample`` decided
-    by ``seed``), in batches of ``max_tokens`` source tokens on ``device``; scores the hypotheses against
-    the references (sacreBLEU and chrF; the paper's tokenized BLEU too when ``tokenized_bleu`` is true, or
-    ``auto`` and the target language is one the paper reports it for) and writes the hypotheses and the
-    report to ``output_dir`` (:func:`output_folder`). With ``nbest`` > 1 the n best of each line (or n
-    samples) go to ``<stem>.nbest.jsonl`` as well, in ``aiayn-translate``'s format; the hypotheses and
-    the scores are the first of each line, as with ``nbest=1``. ``compare`` is :func:`compared_system`'s:
-    its system is checked before anything is translated, then translated alike (checkpoints) and tested
-    against this one.
+def evaluate(settings: EvalSettings) -> Evaluation:
+    """Translates the texts with the model of ``settings.decode.checkpoint`` (or the ensemble of several:
+    the mean of their log-probabilities), decoded as ``settings.decode`` says (the draws of sampling
+    decided by its seed); scores the hypotheses against the references (sacreBLEU and chrF; the paper's
+    tokenized BLEU too when ``tokenized_bleu`` is true, or ``auto`` and the target language is one the
+    paper reports it for) and writes the hypotheses and the report to ``output_dir``
+    (:func:`output_folder`). With ``nbest`` > 1 the n best of each line (or n samples) go to
+    ``<stem>.nbest.jsonl`` as well, in ``aiayn-translate``'s format; the hypotheses and the scores are the
+    first of each line, as with ``nbest=1``. A compared system is checked before anything is translated,
+    then translated alike (checkpoints) and tested against this one.
 
     The files are named by what defines them (every checkpoint, the texts, the settings, the compared
     system; :func:`output_digest`): another text of the same file name, other options or another
     compared system never replace them, and the same evaluation again replaces its own."""
-    if tokenized_bleu not in TOKENIZED_BLEU:
-        raise ConfigError("tokenized_bleu", tokenized_bleu, "must be auto, true or false")
-    checked_nbest(nbest, decoding)
-    paths = checkpoint_paths(checkpoint)
-    model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
-    translator = Translator(model, tokenizer, decoding, max_tokens, nbest, seed, sdpa_backends)
+    decode, compare, tokenized_bleu = settings.decode, settings.compare, settings.tokenized_bleu
+    paths, device, decoding, nbest = list(decode.checkpoint), decode.torch_device, decode.decoding, decode.nbest
+    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
+    translator = Translator(model, tokenizer, decoding, decode.max_tokens, nbest, decode.seed, decode.sdpa_backends)
     tgt_lang = (direction(run_config, paths[0]) or (None, None))[1]
-    name, source, reference = evaluation_texts(texts, run_config, paths[0])
+    name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
     second = second_system(compare, translator, run_config, paths[0], reference, device) if compare else None
     wants_tokenized = tokenized_bleu is True or (tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS)
-    settings = settings_of(translator, device)
+    decoded = settings_of(translator, device)
     digest = texts_digest(source, reference)
     identity = {
         "checkpoint": system_identity(paths),
         "texts": digest,
-        "settings": settings,
+        "settings": decoded,
         "nbest": nbest,
         "tokenized_bleu": tgt_lang if wants_tokenized else None,
-        "compare": [system_identity(compare[0]), compare[1]] if compare else None,
+        "compare": [system_identity(compare.paths), compare.is_checkpoint] if compare else None,
     }
-    folder = output_folder(paths[0], output_dir)
+    folder = output_folder(paths[0], settings.output_dir)
     engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
-    searched = f"sample-seed{seed}" if decoding.sample else f"beam{decoding.beam_size}-alpha{decoding.alpha}"
+    searched = f"sample-seed{decode.seed}" if decoding.sample else f"beam{decoding.beam_size}-alpha{decoding.alpha}"
     stem = f"{system_name(paths)}{engine}.{name}.{searched}.{output_digest(identity)}"
 
     start = time.perf_counter()
@@ -131,9 +95,9 @@ def evaluate(
         "members": [file_identity(path) for path in paths],  # an ensemble's each (one model: one)
         "evaluated": name,
         "texts_sha256": digest,
-        "backend": settings["backend"],
+        "backend": decoded["backend"],
         **({"compute_type": model.arithmetic} if engine else {}),
-        "settings": settings,
+        "settings": decoded,
         "sentences": len(source),
         "decoding": decoding.to_dict(),
         **scores,
@@ -145,32 +109,17 @@ def evaluate(
     }
     test = None
     if compare is not None:
-        system_paths, is_checkpoint = compare
+        system_paths = compare.paths
         other, other_file, other_settings = second, system_paths[0], None
         if isinstance(second, Translator):  # named after both: two runs' best.ckpt must not share one file
             other_file = folder / f"{stem}.compare-{system_name(system_paths)}.hyp.txt"
             other, other_settings = second.translate(source), settings_of(second, device)
             atomic_write(other_file, "".join(line + "\n" for line in other))
         test = paired_bootstrap([(system_label(paths), hypotheses), (system_label(system_paths), other)], reference)
-        report["compare"] = comparison_report(test, system_paths, is_checkpoint, other_file, other_settings)
+        report["compare"] = comparison_report(test, compare, other_file, other_settings)
     report_file = folder / f"{stem}.json"
     atomic_write(report_file, json.dumps(report, indent=2) + "\n")
     return Evaluation(report, report_file, hyp_file, test, nbest_file)
-
-
-def checkpoint_paths(checkpoint: Path | Sequence[Path]) -> list[Path]:
-    """``checkpoint``: one path, or an ensemble's (at least one)."""
-    paths = [Path(checkpoint)] if isinstance(checkpoint, str | Path) else [Path(path) for path in checkpoint]
-    if not paths:
-        raise ConfigError("checkpoint", [], "must name at least one checkpoint")
-    return paths
-
-
-def checked_nbest(nbest: int, decoding: DecodingOptions) -> None:
-    """``nbest``, checked before any model is loaded: at most the beam size, or any number of samples."""
-    if not whole(nbest, 1) or (not decoding.sample and nbest > decoding.beam_size):
-        raise ConfigError("nbest", nbest, f"must be a whole number from 1 to the beam size ({decoding.beam_size}), "
-                          "or any number of samples with decoding=sample")  # fmt: skip
 
 
 def system_name(paths: Sequence[Path]) -> str:
@@ -202,9 +151,7 @@ def evaluation_texts(texts: Texts, run_config: dict[str, Any], checkpoint: Path)
     dataset ``data.hub``). The stored ``data`` section only says which corpus, direction and splits
     (:func:`~aiayn.data.stored.instantiated_from_checkpoint`): a shared checkpoint never makes its
     reader scan a folder or fetch a dataset it names."""
-    if texts.source or texts.reference:
-        if not (texts.source and texts.reference):
-            raise ValueError("source and reference go together: set both, or neither to evaluate a split")
+    if texts.own:
         source, reference = read_parallel(texts.source.expanduser(), texts.reference.expanduser())
         return texts.source.name, source, reference
     data = run_config.get("data") if isinstance(run_config, dict) else None
@@ -224,37 +171,8 @@ def output_folder(checkpoint: Path, output_dir: Path | None) -> Path:
     run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
     folder = checkpoint.resolve().parent / "eval" if checkpoint.is_dir() else run / "eval"
     if folder.is_symlink():
-        raise ConfigError("output_dir", None, f"would be {folder}, a link; name the folder to write to")
+        raise FieldError("output_dir", None, f"would be {folder}, a link; name the folder to write to")
     return folder
-
-
-def compared_system(value: Any) -> Compared | None:
-    """``compare=``: None, or an existing file and whether it is a checkpoint (a ``.ckpt``, or a file in
-    a format ``torch.load`` reads) rather than a file of hypotheses; or a list of checkpoints, an ensemble.
-    Checked before any model is loaded."""
-    if value is None:
-        return None
-    allowed = "must be a checkpoint (.ckpt) or a UTF-8 file of hypotheses, one per line of the references"
-    values = list(value) if isinstance(value, list | tuple) else [value]
-    if not values or not all(isinstance(item, str) and item for item in values):
-        raise ConfigError("compare", value, f"{allowed}; or [a.ckpt,b.ckpt], an ensemble")
-    paths = [Path(item) for item in values]
-    for path in paths:
-        if not path.is_file():
-            raise ConfigError("compare", str(path), f"is not a file; it {allowed.removeprefix('must ')}")
-    kinds = [is_checkpoint_file(path) for path in paths]
-    if len(paths) > 1 and not all(kinds):
-        shown = str(paths[kinds.index(False)])
-        raise ConfigError("compare", shown, "is not a checkpoint; a list of systems is an ensemble of checkpoints")
-    return paths, kinds[0]
-
-
-def is_checkpoint_file(path: Path) -> bool:
-    """A ``.ckpt``, or a file in a format ``torch.load`` reads; else a file of hypotheses. Not a plain file
-    (a FIFO, a device) is a :class:`~aiayn.errors.DataError`: its first bytes could never come."""
-    with open_plain(path, follow_links=True) as handle:
-        head = handle.read(4)
-    return path.suffix == ".ckpt" or head.startswith(CHECKPOINT_MAGIC)
 
 
 def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
@@ -273,21 +191,21 @@ def settings_of(translator: Translator, device: torch.device) -> dict[str, Any]:
 
 
 def second_system(
-    compare: Compared, first: Translator, first_run: dict[str, Any], checkpoint: Path,
+    compare: ComparedSystem, first: Translator, first_run: dict[str, Any], checkpoint: Path,
     references: list[str], device: torch.device,
 ) -> Translator | list[str]:  # fmt: skip
     """The ``compare=`` system, checked before anything is translated: a checkpoint's (or an ensemble's)
     translator, which decodes exactly as ``first`` does (the same backend, compute type, device, decoding
     options, seed and batches; an engine folder's checkpoint is converted for the engine with its
     arithmetic) and translates in the same direction; or the file's hypotheses, one per reference."""
-    paths, is_checkpoint = compare
+    paths = list(compare.paths)
     system = paths[0]
-    if not is_checkpoint:
+    if not compare.is_checkpoint:
         hypotheses = read_lines(system)
         if len(hypotheses) != len(references):
             lines = f"has {len(hypotheses)} lines but there are {len(references)} references"
             allowed = f"{lines}; give one hypothesis per reference"
-            raise ConfigError("compare", str(system), allowed)
+            raise FieldError("compare", str(system), allowed)
         return hypotheses
     wanted = settings_of(first, device)
     backend, compute_type = wanted["backend"], wanted["compute_type"] or "default"
@@ -295,23 +213,23 @@ def second_system(
         model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
     except CheckpointError as error:
         raise CheckpointError(f"compare={system_label(paths)}: {error}") from None
-    except ConfigError as error:  # the ensemble's own checks, said of compare=
-        if error.key != "checkpoint":
+    except FieldError as error:  # the ensemble's own checks, said of compare=
+        if error.field != "checkpoint":
             raise
-        raise ConfigError("compare", error.value, error.allowed) from None
+        raise FieldError("compare", error.value, error.allowed) from None
     first_direction, second_direction = direction(first_run, checkpoint), direction(run_config, system)
     if first_direction and second_direction and first_direction != second_direction:
         allowed = (
             f"translates {'→'.join(second_direction)}, checkpoint= {'→'.join(first_direction)}; "
             "compare systems of one direction"
         )
-        raise ConfigError("compare", str(system), allowed)
+        raise FieldError("compare", str(system), allowed)
     second = Translator(
         model, tokenizer, first.decoding, first.max_tokens, seed=first.seed, sdpa_backends=first.sdpa_backends
     )
     if (got := settings_of(second, device)) != wanted:
         differs = ", ".join(f"{key}={show(got[key])}" for key in wanted if got[key] != wanted[key])
-        raise ConfigError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
+        raise FieldError("compare", str(system), f"would be decoded with {differs}, unlike checkpoint=")
     return second
 
 
@@ -342,17 +260,18 @@ def output_digest(identity: dict[str, Any]) -> str:
 
 
 def comparison_report(
-    test: PairedBootstrap, system: Sequence[Path], is_checkpoint: bool, hypotheses: Path,
+    test: PairedBootstrap, compare: ComparedSystem, hypotheses: Path,
     settings: dict[str, Any] | None,
 ) -> dict[str, Any]:  # fmt: skip
     """The JSON report's ``compare`` section: the second system's sacreBLEU, its difference to the first
     (``checkpoint=``, the test's baseline) with the 95% interval, the p-value, and how it was decoded
     (``settings``, the first system's; null for a file of hypotheses, decoded elsewhere)."""
     baseline, other = test.systems
+    system = compare.paths
     return {
         "system": shown_paths(system),
-        "kind": ("ensemble" if len(system) > 1 else "checkpoint") if is_checkpoint else "hypotheses",
-        "members": [file_identity(path) for path in system] if is_checkpoint else None,
+        "kind": ("ensemble" if len(system) > 1 else "checkpoint") if compare.is_checkpoint else "hypotheses",
+        "members": [file_identity(path) for path in system] if compare.is_checkpoint else None,
         "hypotheses": str(hypotheses),
         "settings": settings,
         "sacrebleu": other.bleu,

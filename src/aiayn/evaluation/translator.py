@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import CheckpointError, ConfigError, FieldError, show, whole
+from aiayn.errors import CheckpointError, FieldError, show, whole
 from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
 from aiayn.model import (
     DEFAULT_SDPA_BACKENDS,
@@ -78,20 +78,11 @@ class Translator:
         seed: int = 0,
         sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
     ) -> None:
-        if not whole(max_tokens, 1):
-            raise ConfigError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
-        limit = 2**31 if decoding.sample else decoding.beam_size
-        if not whole(nbest, 1) or nbest > limit:
-            raise ConfigError("nbest", nbest, f"must be a whole number from 1 to the beam size ({decoding.beam_size})")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError("seed", seed, "must be a whole number")
+        check_translation(decoding, max_tokens, nbest, seed)
         self.models = [model] if isinstance(model, Transformer | EngineModel) else list(model)
         if len(self.models) > 1 and any(isinstance(member, EngineModel) for member in self.models):
-            raise ConfigError("backend", "ctranslate2", "decodes one model; an ensemble decodes with backend=aiayn")
-        try:
-            use_sdpa_backends(sdpa_backends)
-        except FieldError as error:
-            raise ConfigError(error.field, error.value, error.allowed) from None
+            raise FieldError("backend", "ctranslate2", "decodes one model; an ensemble decodes with backend=aiayn")
+        use_sdpa_backends(sdpa_backends)
         self.sdpa_backends = tuple(sdpa_backends)
         for member in self.models:
             if isinstance(member, Transformer):
@@ -195,28 +186,39 @@ class Translator:
         return src.to(next(self.models[0].parameters()).device)
 
 
+def check_translation(decoding: DecodingOptions, max_tokens: int, nbest: int, seed: int) -> None:
+    """A :class:`Translator`'s arguments: batches of at least one token, ``nbest`` translations the
+    search can give (:meth:`~aiayn.model.DecodingOptions.check_nbest`), a whole-number seed."""
+    if not whole(max_tokens, 1):
+        raise FieldError("max_tokens", max_tokens, "must be a whole number of source tokens >= 1")
+    decoding.check_nbest(nbest)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise FieldError("seed", seed, "must be a whole number")
+
+
+def check_backend(backend: str, compute_type: str) -> None:
+    """``backend`` is one of :data:`BACKENDS`; ``compute_type`` names CTranslate2's arithmetic."""
+    if backend not in BACKENDS:
+        raise FieldError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
+    if not isinstance(compute_type, str) or not compute_type:
+        raise FieldError("compute_type", compute_type, "must be a CTranslate2 compute type (default, int8, ...)")
+
+
 def load_translation_model(
     path: Path, backend: str = "auto", device: str | torch.device = "cpu", compute_type: str = "default"
 ) -> tuple[Transformer | EngineModel, Tokenizer, dict[str, Any]]:
     """The model that ``checkpoint=`` names, its tokenizer and its run's config: a ``.ckpt`` decoded by
     ``backend`` (ours, or CTranslate2 after converting it on the fly), or a folder of ``aiayn-export
     format=ctranslate2``, decoded by the engine. ``compute_type`` is the engine's (int8, float32, ...)."""
-    if backend not in BACKENDS:
-        raise ConfigError("backend", backend, f"must be one of {', '.join(BACKENDS)}")
-    if not isinstance(compute_type, str) or not compute_type:
-        raise ConfigError("compute_type", compute_type, "must be a CTranslate2 compute type (default, int8, ...)")
+    check_backend(backend, compute_type)
     path = Path(path)
     if is_engine_folder(path):
         if backend == "aiayn":
-            raise ConfigError(
-                "backend", backend, f"cannot decode {path}, a CTranslate2 folder; use backend=ctranslate2"
-            )
+            raise FieldError("backend", backend, f"cannot decode {path}, a CTranslate2 folder; use backend=ctranslate2")
         engine = EngineModel(path, device, compute_type)
         return engine, engine.tokenizer, engine.run_config
     if compute_type != "default" and backend != "ctranslate2":
-        raise ConfigError(
-            "compute_type", compute_type, "is for backend=ctranslate2 (or an exported CTranslate2 folder)"
-        )
+        raise FieldError("compute_type", compute_type, "is for backend=ctranslate2 (or an exported CTranslate2 folder)")
     if backend == "ctranslate2":
         import_ctranslate2()  # a missing library is said before the checkpoint is read
     model, tokenizer, run_config = load_model(path, device)
@@ -236,7 +238,7 @@ def load_translation_models(
     if len(paths) == 1:
         return load_translation_model(paths[0], backend, device, compute_type)
     if backend == "ctranslate2" or compute_type != "default" or any(is_engine_folder(Path(p)) for p in paths):
-        raise ConfigError("checkpoint", [str(p) for p in paths], "of several is an ensemble of .ckpt files, "
+        raise FieldError("checkpoint", [str(p) for p in paths], "of several is an ensemble of .ckpt files, "
                           "decoded by backend=aiayn (CTranslate2 decodes one model)")  # fmt: skip
     models, first_tokenizer, first_config = [], None, {}
     for path in paths:
@@ -244,12 +246,12 @@ def load_translation_models(
         if first_tokenizer is None:
             first_tokenizer, first_config = tokenizer, run_config
         elif tokenizer.to_bytes() != first_tokenizer.to_bytes():
-            raise ConfigError("checkpoint", str(path), f"has another tokenizer than {paths[0]}; an ensemble's "
+            raise FieldError("checkpoint", str(path), f"has another tokenizer than {paths[0]}; an ensemble's "
                               "members share one (the same corpus and vocabulary)")  # fmt: skip
         elif (this := direction(run_config, path)) != (first := direction(first_config, paths[0])):
             shown = ["→".join(pair) if pair else None for pair in (this, first)]
             allowed = f"translates {shown[0]}, {paths[0]} {shown[1]}; an ensemble's members translate one direction"
-            raise ConfigError("checkpoint", str(path), allowed)
+            raise FieldError("checkpoint", str(path), allowed)
         models.append(model)
     assert first_tokenizer is not None
     return models, first_tokenizer, first_config

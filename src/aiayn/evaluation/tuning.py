@@ -5,21 +5,15 @@ The test split is never read: settings chosen on the set a paper reports would f
 
 from __future__ import annotations
 
-import itertools
 import json
 import time
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import sacrebleu
-import torch
 
-from aiayn.errors import ConfigError, FieldError
 from aiayn.evaluation.evaluate import (
-    Texts,
-    checkpoint_paths,
     evaluation_texts,
     file_identity,
     output_digest,
@@ -30,10 +24,11 @@ from aiayn.evaluation.evaluate import (
     system_name,
     texts_digest,
 )
+from aiayn.evaluation.settings import EvalSettings
 from aiayn.evaluation.translator import Translator, load_translation_models
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
-from aiayn.model import DEFAULT_SDPA_BACKENDS, DecodingOptions
+from aiayn.model import DecodingOptions
 from aiayn.scoring import BLEU_SETTINGS
 
 # The decoding settings tune= may vary (decoding=sample, or not, is chosen once for the whole grid).
@@ -41,7 +36,6 @@ TUNABLE = (
     "beam_size", "alpha", "length_penalty", "max_len_offset", "min_len", "no_repeat_ngram",
     "temperature", "top_k", "top_p",
 )  # fmt: skip
-TUNE_SPLIT = "val"  # tune= chooses settings on the validation split, never on the test split it reports
 
 
 @dataclass(frozen=True)
@@ -67,37 +61,6 @@ class Tuning:
     report_file: Path
 
 
-def tuning_grid(tune: Mapping[str, Any] | None, decoding: DecodingOptions) -> TuneGrid | None:
-    """``tune=`` (a decoding setting → a list of values, or one value; null: ``decoding``'s own) as every
-    combination of its values over ``decoding``, each checked as :class:`DecodingOptions` are; None when
-    nothing is tuned. Checked before any model is loaded: a key that is no decoding setting, an empty
-    list or a value a setting cannot take (``tune.beam_size=[0]``) is a :class:`ConfigError` of its key."""
-    tune = dict(tune or {})
-    for key, value in tune.items():
-        if key not in TUNABLE:
-            allowed = f"is not a decoding setting to tune; those are {', '.join(TUNABLE)}"
-            raise ConfigError(f"tune.{key}", value, allowed)
-    values: dict[str, list[Any]] = {}
-    for key in TUNABLE:
-        value = tune.get(key)
-        if value is None:
-            continue
-        listed = list(value) if isinstance(value, list | tuple) else [value]
-        if not listed or any(isinstance(item, list | tuple | dict) or item is None for item in listed):
-            raise ConfigError(f"tune.{key}", value, "must be a list of values to try ([0.6,1.0]), or null")
-        values[key] = list(dict.fromkeys(listed))  # a value listed twice is tried once
-    if not values:
-        return None
-    settings = []
-    for combination in itertools.product(*values.values()):
-        try:
-            settings.append(replace(decoding, **dict(zip(values, combination, strict=True))))
-        except FieldError as error:
-            key = f"tune.{error.field}" if error.field in values else f"decoding.{error.field}"
-            raise ConfigError(key, error.value, error.allowed) from None
-    return TuneGrid(decoding, values, settings)
-
-
 def same_translations(options: DecodingOptions) -> DecodingOptions:
     """``options`` with the settings that cannot change the translations' texts at their defaults: two
     settings equal here translate alike, and :func:`tune` translates only the first. The length penalty
@@ -111,37 +74,25 @@ def same_translations(options: DecodingOptions) -> DecodingOptions:
     return replace(options, **changes)
 
 
-def tune(
-    checkpoint: Path | Sequence[Path],
-    texts: Texts,
-    grid: TuneGrid,
-    device: torch.device,
-    *,
-    backend: str = "auto",
-    compute_type: str = "default",
-    max_tokens: int = 8192,
-    seed: int = 0,
-    output_dir: Path | None = None,
-    sdpa_backends: Sequence[str] = DEFAULT_SDPA_BACKENDS,
-) -> Tuning:
-    """Scores every setting of ``grid`` (:func:`tuning_grid`) on the validation split (or the user's own
-    ``source`` and ``reference``, a development set: never another split, the test split least of all)
-    with the model of ``checkpoint`` (or an ensemble), decoded as :func:`evaluate` decodes; writes
-    ``<stem>.tune.json`` (each setting's sacreBLEU, length ratio and brevity penalty, and the best by
-    sacreBLEU: the first of equal ones) to ``output_dir`` (:func:`output_folder`). Each setting that
-    translates differently (:func:`same_translations`) is translated once."""
-    if not (texts.source or texts.reference) and texts.split != TUNE_SPLIT:
-        raise ConfigError("split", texts.split, f"is not the validation split; tune= chooses decoding settings on "
-                          f"split={TUNE_SPLIT} (or your own source= and reference=), never on the split it is "
-                          "reported on")  # fmt: skip
-    paths = checkpoint_paths(checkpoint)
-    model, tokenizer, run_config = load_translation_models(paths, backend, device, compute_type)
-    name, source, reference = evaluation_texts(texts, run_config, paths[0])
+def tune(settings: EvalSettings) -> Tuning:
+    """Scores every setting of ``settings.tune`` on the validation split (or the user's own ``source`` and
+    ``reference``, a development set: never another split, the test split least of all; see
+    :class:`~aiayn.evaluation.settings.EvalSettings`) with the model of the checkpoint (or an ensemble),
+    decoded as :func:`evaluate` decodes; writes ``<stem>.tune.json`` (each setting's sacreBLEU, length
+    ratio and brevity penalty, and the best by sacreBLEU: the first of equal ones) to ``output_dir``
+    (:func:`output_folder`). Each setting that translates differently (:func:`same_translations`) is
+    translated once."""
+    decode, grid = settings.decode, settings.tune
+    assert grid is not None, "tune() is for settings with a grid (EvalSettings.tune)"
+    paths, device, max_tokens, seed = list(decode.checkpoint), decode.torch_device, decode.max_tokens, decode.seed
+    sdpa_backends = decode.sdpa_backends
+    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
+    name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
     base = Translator(model, tokenizer, grid.base, max_tokens, seed=seed, sdpa_backends=sdpa_backends)
-    settings = settings_of(base, device)  # decoding=
+    decoded = settings_of(base, device)  # decoding=
     digest = texts_digest(source, reference)
-    identity = {"checkpoint": system_identity(paths), "texts": digest, "settings": settings, "tune": grid.values}
-    folder = output_folder(paths[0], output_dir)
+    identity = {"checkpoint": system_identity(paths), "texts": digest, "settings": decoded, "tune": grid.values}
+    folder = output_folder(paths[0], settings.output_dir)
     engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
     stem = f"{system_name(paths)}{engine}.{name}.{output_digest(identity)}"
 
@@ -180,7 +131,7 @@ def tune(
         "evaluated": name,
         "texts_sha256": digest,
         "sentences": len(source),
-        "settings": settings,  # its decoding is decoding=, which each row changes
+        "settings": decoded,  # its decoding is decoding=, which each row changes
         "tuned": grid.values,
         "sacrebleu_signature": str(bleu.get_signature()),
         "grid": rows,

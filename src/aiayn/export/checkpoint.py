@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import FieldError, whole
 from aiayn.export import ctranslate2, marian
 from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
 from aiayn.model import Transformer
@@ -49,21 +50,35 @@ def averaged_from(sources: Any) -> list[dict[str, Any]] | None:
     return [{"path": s["path"], "global_step": s.get("global_step")} for s in sources]
 
 
-def export_checkpoint(path: Path, target: str, output: Path, quantization: str = "float32") -> None:
-    """Write ``path``'s model to the new folder ``output`` as ``target`` (``hf``: a MarianMTModel folder;
-    ``ctranslate2``: a CTranslate2 model with weights in ``quantization``). A model variant the target
-    cannot represent is a :class:`~aiayn.errors.ConfigError` naming the setting, raised before anything
-    is written."""
-    if target not in FORMATS:
-        raise ConfigError("format", target, f"must be one of {', '.join(FORMATS)}")
-    if target == "hf" and quantization != "float32":
-        raise ConfigError("quantization", quantization, "is for format=ctranslate2; format=hf writes float32 weights")
-    if target == "ctranslate2" and quantization not in ctranslate2.QUANTIZATIONS:
-        raise ConfigError("quantization", quantization, f"must be one of {', '.join(ctranslate2.QUANTIZATIONS)}")
-    path = Path(path)
+@dataclass(frozen=True)
+class ExportSettings:
+    """``aiayn-export``: the ``checkpoint`` whose model is written to the new folder ``output`` as
+    ``format`` (``hf``: a MarianMTModel folder; ``ctranslate2``: a CTranslate2 model with weights in
+    ``quantization``)."""
+
+    checkpoint: Path
+    format: str
+    output: Path
+    quantization: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise FieldError("format", self.format, f"must be one of {', '.join(FORMATS)}")
+        if self.format == "hf" and self.quantization != "float32":
+            raise FieldError("quantization", self.quantization, "is for format=ctranslate2; format=hf writes float32 "
+                             "weights")  # fmt: skip
+        if self.format == "ctranslate2" and self.quantization not in ctranslate2.QUANTIZATIONS:
+            allowed = f"must be one of {', '.join(ctranslate2.QUANTIZATIONS)}"
+            raise FieldError("quantization", self.quantization, allowed)
+
+
+def export_checkpoint(settings: ExportSettings) -> None:
+    """Write the checkpoint's model as ``settings`` say. A model variant the format cannot represent is a
+    :class:`~aiayn.errors.FieldError` naming the model's setting, raised before anything is written."""
+    path, target = Path(settings.checkpoint), settings.format
     if path.is_dir() and (path / PROVENANCE_FILE).is_file():
         source = read_provenance(path).get("checkpoint")
-        raise ConfigError("checkpoint", str(path), f"is an exported model; export from its checkpoint ({source})")
+        raise FieldError("checkpoint", str(path), f"is an exported model; export from its checkpoint ({source})")
     # A missing library is said before the checkpoint is read and before any folder is made.
     if target == "hf":
         marian.import_transformers()
@@ -78,6 +93,6 @@ def export_checkpoint(path: Path, target: str, output: Path, quantization: str =
         if target == "hf":
             marian.save_marian(model, tokenizer, folder, record)
         else:
-            ctranslate2.convert(model, tokenizer, folder, quantization, record)
+            ctranslate2.convert(model, tokenizer, folder, settings.quantization, record)
 
-    write_folder(output, write)
+    write_folder(settings.output, write)

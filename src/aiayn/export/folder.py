@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, DataError, FieldError, first_line, nesting, whole
+from aiayn.errors import DataError, FieldError, first_line, nesting
 from aiayn.files import atomic_folder, holds_files, read_plain_file
 from aiayn.model import DecodingOptions, TransformerConfig
 
@@ -24,7 +24,7 @@ FORMATS = ("hf", "ctranslate2")
 
 
 def check_exportable(cfg: TransformerConfig, target: str) -> None:
-    """Raise a :class:`ConfigError` naming the first model setting ``target`` cannot represent.
+    """Raise a :class:`~aiayn.errors.FieldError` naming the first model setting ``target`` cannot represent.
 
     ``hf`` is ``MarianMTModel``: post-LN, fixed sinusoids, one shared embedding matrix, d_k = d_model / h.
     ``ctranslate2`` is CTranslate2's ``TransformerSpec``, which also takes learned positions and pre-LN;
@@ -34,15 +34,15 @@ def check_exportable(cfg: TransformerConfig, target: str) -> None:
     why = f"cannot be exported to format={target}: {engine}"
     allowed_positions = ("sinusoidal",) if target == "hf" else ("sinusoidal", "learned")
     if cfg.positional not in allowed_positions:
-        raise ConfigError("model.positional", cfg.positional, f"{why} has {' or '.join(allowed_positions)} positions")
+        raise FieldError("positional", cfg.positional, f"{why} has {' or '.join(allowed_positions)} positions")
     if cfg.norm_first and target == "hf":
-        raise ConfigError("model.norm_first", cfg.norm_first, f"{why} is post-LN (the paper's §3.1) only")
+        raise FieldError("norm_first", cfg.norm_first, f"{why} is post-LN (the paper's §3.1) only")
     if not cfg.share_embeddings:
-        raise ConfigError("model.share_embeddings", cfg.share_embeddings, f"{why} is exported with shared embeddings")
+        raise FieldError("share_embeddings", cfg.share_embeddings, f"{why} is exported with shared embeddings")
     if cfg.d_k * cfg.n_heads != cfg.d_model:
-        raise ConfigError("model.d_k", cfg.d_k, f"{why} needs d_k = d_model / n_heads = {cfg.d_model / cfg.n_heads:g}")
+        raise FieldError("d_k", cfg.d_k, f"{why} needs d_k = d_model / n_heads = {cfg.d_model / cfg.n_heads:g}")
     if cfg.d_v != cfg.d_k:
-        raise ConfigError("model.d_v", cfg.d_v, f"{why} needs d_v = d_k = {cfg.d_k}")
+        raise FieldError("d_v", cfg.d_v, f"{why} needs d_v = d_k = {cfg.d_k}")
 
 
 def length_groups(
@@ -63,17 +63,16 @@ def check_decoding(options: DecodingOptions, nbest: int, engine: str) -> None:
     and sampling (their draws depend on the batch, and for CTranslate2 on its threads, not only on
     ``seed`` and the sentence as ours, :mod:`aiayn.model.sampling`); ``nbest`` beyond the beam."""
     if options.sample:
-        raise ConfigError(
-            "decoding.sample", True, f"is not reproducible through {engine} (its draws depend on the batch, "
+        raise FieldError(
+            "sample", True, f"is not reproducible through {engine} (its draws depend on the batch, "
             "not only on seed= and the sentence); sample with backend=aiayn",
         )  # fmt: skip
     if options.length_penalty == "gnmt" and options.alpha > 0 and options.beam_size > 1:
-        raise ConfigError(
-            "decoding.length_penalty", "gnmt", f"with decoding.alpha={options.alpha:g} has no {engine} equivalent: "
-            "use decoding.length_penalty=power (log P / |Y|^α, the engine's) or backend=aiayn",
+        raise FieldError(
+            "length_penalty", "gnmt", f"with alpha={options.alpha:g} has no {engine} equivalent: "
+            "use length_penalty=power (log P / |Y|^α, the engine's) or backend=aiayn",
         )  # fmt: skip
-    if not whole(nbest, 1) or nbest > options.beam_size:
-        raise FieldError("nbest", nbest, f"must be a whole number from 1 to the beam size ({options.beam_size})")
+    options.check_nbest(nbest)
 
 
 def write_companions(folder: Path, tokenizer: Tokenizer, provenance: dict[str, Any]) -> None:
@@ -120,5 +119,5 @@ def write_folder(output: Path, write: Callable[[Path], None]) -> None:
     failed or interrupted one leaves no ``output`` behind."""
     output = Path(output)
     if holds_files(output):
-        raise ConfigError("output", str(output), "already exists and is not empty; give a new folder")
+        raise FieldError("output", str(output), "already exists and is not empty; give a new folder")
     atomic_folder(output, write)

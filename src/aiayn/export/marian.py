@@ -41,7 +41,7 @@ def import_transformers() -> Any:
 
 def marian_config(cfg: TransformerConfig) -> Any:
     """The ``MarianConfig`` of ``cfg``'s sizes, with our special ids (:mod:`aiayn.data.tokenizer`'s);
-    decoding starts from BOS, as ours does. A variant Marian cannot represent is a ConfigError."""
+    decoding starts from BOS, as ours does. A variant Marian cannot represent is a FieldError."""
     from transformers import MarianConfig
 
     check_exportable(cfg, "hf")

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import torch
 
-from aiayn.errors import FieldError, whole
 from aiayn.model.decoding_options import PAPER_DECODING, DecodingOptions, length_penalty, step_rules
 from aiayn.model.ensemble import Ensemble
 from aiayn.model.transformer import Transformer
@@ -77,9 +76,8 @@ def nbest_search(
     PAD and BOS are never generated. One beam is greedy decoding: the arg-max token at every step and no
     length penalty (as beam size 1 means in fairseq and Hugging Face), so ``alpha`` is ignored then.
     """
+    options.check_nbest(nbest)
     k = options.beam_size
-    if not whole(nbest, 1) or nbest > k:
-        raise FieldError("nbest", nbest, f"must be a whole number from 1 to the beam size ({k})")
     # With α = 0 the first EOS that is the arg-max can no longer be beaten: one beam is greedy.
     alpha, penalty = (0.0 if k == 1 else options.alpha), options.length_penalty
     decoder = Ensemble(model)

@@ -67,6 +67,12 @@ class DecodingOptions:
         if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise FieldError("top_p", self.top_p, "must be a number in (0, 1] (1: every token)")
 
+    def check_nbest(self, nbest: int) -> None:
+        """``nbest`` translations of each line: the best of the beam (at most its size), or draws."""
+        if not whole(nbest, 1) or (not self.sample and nbest > self.beam_size):
+            allowed = f"must be a whole number from 1 to the beam size ({self.beam_size}), or any number of samples"
+            raise FieldError("nbest", nbest, f"{allowed} with decoding=sample")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
