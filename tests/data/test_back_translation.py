@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from aiayn.config.build import config_keys
 from aiayn.data import DataError, Multi30kDataModule, TextDataModule, TokenBudgetBatchSampler
 from aiayn.data.back_translation import TAG, TrainingMix, misplaced
 from aiayn.data.dataset import EncodedText
@@ -160,7 +161,7 @@ def test_bad_settings_are_refused_in_one_line(
     options: dict[str, object], message: str, extra_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(extra_root)  # data.root=null (a download): relative names are the working folder's
-    with pytest.raises(ConfigError, match=message) as refused:
+    with pytest.raises(ConfigError, match=message) as refused, config_keys("data"):  # as aiayn-train names it
         Multi30kDataModule(root=None, cache_dir=str(tmp_path), **options)
     assert "\n" not in str(refused.value)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.data import DataError, TextDataModule
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 from helpers.runs import train_in_process
 
 GOOD = [b"a small house", b"the dog runs", b"a cat sits on a mat", b"two dogs play", b"a man walks"] * 4
@@ -54,12 +54,12 @@ BAD_CORPORA = [
     ({"test.de": lines(*GOOD[:11], b"\xff\xfe", *GOOD[12:])}, {}, DataError, r"test\.de:12: invalid UTF-8"),
     ({"train.en": b"", "train.de": b""}, {}, DataError, r"train\.en is empty"),
     ({"val.en": b"", "val.de": b""}, {}, DataError, r"val\.en is empty"),
-    ({"train.de": None}, {}, ConfigError, r"data\.train=.*train\.de, which is not a file"),
+    ({"train.de": None}, {}, FieldError, r"^train=.*train\.de, which is not a file"),
     ({"train.en.gz": gzip.compress(lines(*GOOD))[:30]}, {}, DataError, r"train\.en\.gz: cannot be read"),
     # every training pair is longer than data.max_len: nothing would be left to train on
     ({"train.en": lines(*[b"word " * 60] * 20)}, {"max_len": 32}, DataError, r"train\.en: no training pair left"),
     # a vocabulary with fewer pieces than the corpus has characters
-    ({}, {"vocab_size": 12}, ConfigError, r"data\.vocab_size=12 does not suit this corpus: .*than required_chars"),
+    ({}, {"vocab_size": 12}, FieldError, r"^vocab_size=12 does not suit this corpus: .*than required_chars"),
     # evaluation splits are used whole: a sentence that cannot fit a batch is named before training
     ({"val.de": lines(*GOOD[:3], b"word " * 80, *GOOD[4:])}, {"eval_max_tokens": 64}, DataError,
      r"val\.de:4: this val sentence is \d+ tokens long, more than data\.eval_max_tokens=64"),

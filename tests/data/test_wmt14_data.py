@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import sacrebleu
 
+from aiayn.config.build import config_keys
 from aiayn.config.compose import compose_run_config
 from aiayn.data import DataError, TextDataModule, WMT14DataModule, encoding
 from aiayn.data.corpus import read_lines
@@ -119,7 +120,8 @@ def test_missing_split_and_unknown_pair_are_clear_errors(sentences: dict[str, li
     data.save_to_disk(str(tmp_path / "no-test"))
     with pytest.raises(DataError, match=r"no split 'test' \(the test split\); it has train, validation"):
         module(tmp_path / "no-test", tmp_path / "cache").prepare_data()
-    with pytest.raises(ValueError, match=r"data\.config=fr-en does not hold data\.src_lang=en and data\.tgt_lang=de"):
+    unknown_pair = r"data\.config=fr-en does not hold data\.src_lang=en and data\.tgt_lang=de"
+    with pytest.raises(ValueError, match=unknown_pair), config_keys("data"):  # as aiayn-train names it
         WMT14DataModule(config="fr-en")
 
 

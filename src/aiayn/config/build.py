@@ -31,11 +31,13 @@ RUN_FLAGS = ("compile", "packed_attention")
 
 
 @contextmanager
-def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator[None]:
+def config_keys(section: str, keys: Mapping[str, str] | None = None, *, only: bool = False) -> Iterator[None]:
     """A :class:`~aiayn.errors.FieldError` raised inside becomes a :class:`~aiayn.errors.ConfigError` of
     the key ``<section>.<field>`` (or ``keys[field]``; a top-level key where ``section`` is empty); the
     fields its message names (``{field}``, or ``field=`` as in ``d_model=511 must be even for
-    positional=sinusoidal`` → ``model.d_model=511 must be even for model.positional=sinusoidal``) alike."""
+    positional=sinusoidal`` → ``model.d_model=511 must be even for model.positional=sinusoidal``) alike.
+    With ``only``, an error of a field ``keys`` does not name stays what it is (around work that may
+    raise about other objects' fields)."""
     mapping = keys or {}
 
     def key(field: str) -> str:
@@ -44,6 +46,8 @@ def config_keys(section: str, keys: Mapping[str, str] | None = None) -> Iterator
     try:
         yield
     except FieldError as error:
+        if only and error.field not in mapping:
+            raise
         name, allowed = error.named(key)
         raise ConfigError(name, error.value, allowed) from None
 

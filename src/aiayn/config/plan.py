@@ -40,6 +40,16 @@ from aiayn.training.metrics import EVALUATED_CHECKPOINTS, EVALUATION_METRICS
 from aiayn.training.module import TranslationModule
 from aiayn.training.schedule import DECAYING, OptimSettings
 
+# The keys of the fields that the run's work refuses once the corpus is read: a vocabulary the corpus
+# cannot fill, a validation interval longer than an epoch, a loader kept across epochs with BPE-dropout.
+FIT_KEYS = {
+    "vocab_size": "data.vocab_size",
+    "bpe_dropout": "data.bpe_dropout",
+    "val_check_interval": "trainer.val_check_interval",
+    "reload_dataloaders_every_n_epochs": "trainer.reload_dataloaders_every_n_epochs",
+    "every_steps": "checkpoint.every_steps",
+}
+
 
 @dataclass(frozen=True)
 class ModuleSettings:
@@ -192,7 +202,8 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
         collection = ScheduledCollection(cfg.gc_every) if cfg.gc_every is not None else None
     with config_keys("dashboard", {"n_samples": "dashboard.samples"}):
         samples = ValidationSamples(cfg.dashboard.samples, cfg.dashboard.attention_every)
-    trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
+    with config_keys("trainer", FIT_KEYS):
+        trainer = data.trainer_options(trainer_options(cfg.trainer))  # data.bpe_dropout: a loader per epoch
     trainer |= trainer_arguments(batching, checkpoint.every_steps)
     trainer.setdefault("enable_progress_bar", progress != "quiet")  # an explicit trainer.* wins
     trainer.setdefault("enable_model_summary", progress != "quiet")

@@ -35,31 +35,31 @@ from torch.utils.data import Dataset
 
 from aiayn.data.corpus import ParallelCorpus, _TextPairs
 from aiayn.data.dataset import EncodedText, ParallelDataset
-from aiayn.errors import ConfigError, DataError, whole
+from aiayn.errors import DataError, FieldError, whole
 
 TAG = "<BT>"  # prepended to the extra pairs' sources with data.tag_extra=true
 SCAN_BLOCK = 1 << 26  # ids compared at a time when looking for the tag (WMT's splits hold billions)
 
 
 def check_mix(extra_train: Any, tag_extra: Any, upsample_primary: Any) -> None:
-    """The mix's settings, each refused in a :class:`~aiayn.errors.ConfigError` that names its key."""
+    """The mix's settings, each refused in a :class:`~aiayn.errors.FieldError` of its field."""
     pairs = "must be a list of [source file, target file] pairs, e.g. [[synthetic.en,mono.de]]"
     if isinstance(extra_train, str) or not isinstance(extra_train, Sequence):
-        raise ConfigError("data.extra_train", extra_train, pairs)
+        raise FieldError("extra_train", extra_train, pairs)
     for pair in extra_train:
         if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise ConfigError("data.extra_train", list(extra_train), pairs)
+            raise FieldError("extra_train", list(extra_train), pairs)
         if not all(isinstance(name, str) and name.strip() for name in pair):
-            raise ConfigError("data.extra_train", list(pair), "must name two files: [source, target]")
+            raise FieldError("extra_train", list(pair), "must name two files: [source, target]")
     if not isinstance(tag_extra, bool):
-        raise ConfigError("data.tag_extra", tag_extra, "must be true or false")
+        raise FieldError("tag_extra", tag_extra, "must be true or false")
     if tag_extra and not extra_train:
-        raise ConfigError("data.tag_extra", tag_extra, "tags the sources of data.extra_train, which is empty; set it")
+        raise FieldError("tag_extra", tag_extra, "tags the sources of {extra_train}, which is empty; set it")
     if not whole(upsample_primary, 1):
-        raise ConfigError("data.upsample_primary", upsample_primary, "must be a whole number >= 1")
+        raise FieldError("upsample_primary", upsample_primary, "must be a whole number >= 1")
     if upsample_primary > 1 and not extra_train:
-        allowed = "repeats the real pairs against those of data.extra_train, which is empty; set it, or 1"
-        raise ConfigError("data.upsample_primary", upsample_primary, allowed)
+        allowed = "repeats the real pairs against those of {extra_train}, which is empty; set it, or 1"
+        raise FieldError("upsample_primary", upsample_primary, allowed)
 
 
 class ExtraPairs(_TextPairs):
@@ -76,7 +76,7 @@ class ExtraPairs(_TextPairs):
             paths = [Path(name).expanduser() if root is None else root / Path(name).expanduser() for name in pair]
             for path in paths:
                 if not path.is_file():
-                    raise ConfigError("data.extra_train", list(pair), f"names {path}, which is not a file")
+                    raise FieldError("extra_train", list(pair), f"names {path}, which is not a file")
             self.paths[f"extra{number}"] = dict(zip((src_lang, tgt_lang), paths, strict=True))
         self.roles = {}
 

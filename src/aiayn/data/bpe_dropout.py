@@ -44,7 +44,7 @@ from aiayn.data.back_translation import TrainingMix
 from aiayn.data.dataset import EncodedText, ParallelDataset
 from aiayn.data.encoding import flatten, in_workers
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, is_number
+from aiayn.errors import FieldError, is_number
 
 log = logging.getLogger(__name__)
 
@@ -56,15 +56,15 @@ SPACE = "▁"  # sentencepiece's word boundary: no piece has it but at its start
 def check_bpe_dropout(value: Any) -> None:
     """``data.bpe_dropout`` is the probability of skipping a merge: a number in [0, 1)."""
     if not (is_number(value) and 0 <= value < 1):
-        raise ConfigError("data.bpe_dropout", value, "must be a number in [0, 1): 0 is off, 0.1 is usual")
+        raise FieldError("bpe_dropout", value, "must be a number in [0, 1): 0 is off, 0.1 is usual")
 
 
 def check_reload(every: Any) -> None:
     """Lightning makes a new training loader every epoch (``trainer.reload_dataloaders_every_n_epochs``):
     one loader would keep one epoch's segmentation and number of batches."""
     if every != 1:
-        allowed = "must be 1 with data.bpe_dropout>0: every epoch is segmented and batched anew"
-        raise ConfigError("trainer.reload_dataloaders_every_n_epochs", every, allowed)
+        allowed = "must be 1 with {bpe_dropout}>0: every epoch is segmented and batched anew"
+        raise FieldError("reload_dataloaders_every_n_epochs", every, allowed)
 
 
 def draw_seed(seed: int, epoch: int, chunk: int, side: int) -> int:

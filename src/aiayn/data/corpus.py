@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from aiayn.errors import ConfigError, DataError
+from aiayn.errors import DataError, FieldError
 from aiayn.extras import require, require_installed
 from aiayn.files import atomic_write, bounded_lines, open_plain
 
@@ -199,13 +199,13 @@ class Multi30k(_TextPairs):
         for key, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
             if lang not in MULTI30K_LANGS:
                 allowed = f"is not a language of Multi30k; use one of {', '.join(MULTI30K_LANGS)}"
-                raise ConfigError(f"data.{key}", lang, allowed)
+                raise FieldError(key, lang, allowed)
         for key, split in (("val_split", val_split), ("test_split", test_split)):
             if split not in MULTI30K_SPLITS:
-                raise ConfigError(f"data.{key}", split, f"must be one of {', '.join(MULTI30K_SPLITS)}")
+                raise FieldError(key, split, f"must be one of {', '.join(MULTI30K_SPLITS)}")
         if root is not None:  # a local copy must be complete before any work starts
             if not root.is_dir():
-                raise ConfigError("data.root", root, "is not a folder; give the folder of the Multi30k files")
+                raise FieldError("root", root, "is not a folder; give the folder of the Multi30k files")
             for stem in MULTI30K_SPLITS.values():
                 for lang in (src_lang, tgt_lang):
                     split_file(root, stem, lang)
@@ -240,14 +240,14 @@ class TextFiles(_TextPairs):
             pair = files.get(role)
             if pair is None:
                 if role != "test":
-                    raise ConfigError(f"data.{role}", None, "is not set; give [source file, target file]")
+                    raise FieldError(role, None, "is not set; give [source file, target file]")
                 continue
             if isinstance(pair, str) or len(pair) != 2:
-                raise ConfigError(f"data.{role}", pair, "must be a list of two files: [source, target]")
+                raise FieldError(role, pair, "must be a list of two files: [source, target]")
             paths = [Path(p).expanduser() if self.root is None else self.root / p for p in pair]
             for path in paths:
                 if not path.is_file():
-                    raise ConfigError(f"data.{role}", list(pair), f"names {path}, which is not a file")
+                    raise FieldError(role, list(pair), f"names {path}, which is not a file")
             self.paths[role] = dict(zip((src_lang, tgt_lang), paths, strict=True))
         self.roles = {role: (role if role in self.paths else None) for role in ("train", "val", "test")}
 

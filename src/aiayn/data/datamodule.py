@@ -33,7 +33,7 @@ from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dty
 from aiayn.data.encoding import encode_split
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import ConfigError, FieldError, is_number, whole
+from aiayn.errors import FieldError, is_number, whole
 from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,11 @@ def check_validation_interval(trainer: pl.Trainer, batches: int) -> None:
     the epochs (Lightning refuses it with a traceback once the loader exists: here, the key and the fix)."""
     interval = trainer.val_check_interval
     if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and interval > batches:
-        raise ConfigError(
-            "trainer.val_check_interval",
+        raise FieldError(
+            "val_check_interval",
             interval,
             f"is more than an epoch's {batches} training batches: give a fraction of an epoch (1.0: at its end), "
-            "or checkpoint.every_steps=N to validate every N optimizer steps across epochs",
+            "or every_steps=N to validate every N optimizer steps across epochs",
         )
 
 
@@ -156,7 +156,7 @@ class TranslationDataModule(pl.LightningDataModule):
     ) -> None:
         super().__init__()
         if corpus.src_lang == corpus.tgt_lang:
-            raise ConfigError("data.tgt_lang", corpus.tgt_lang, "is data.src_lang too; translate between two languages")
+            raise FieldError("tgt_lang", corpus.tgt_lang, "is {src_lang} too; translate between two languages")
         check_sizes(
             tokenizer_sample=tokenizer_sample,
             encode_workers=encode_workers,
@@ -523,10 +523,10 @@ class WMT14DataModule(TranslationDataModule):
     ) -> None:
         pair = set(config.split("-"))
         if {src_lang, tgt_lang} != pair:
-            allowed = f"does not hold data.src_lang={src_lang} and data.tgt_lang={tgt_lang}; use the pair's config"
-            raise ConfigError("data.config", config, allowed)
+            allowed = f"does not hold src_lang={src_lang} and tgt_lang={tgt_lang}; use the pair's config"
+            raise FieldError("config", config, allowed)
         if root is not None and not Path(root).expanduser().exists():
-            raise ConfigError("data.root", root, "does not exist; give a local copy of WMT14 (or null: the Hub's)")
+            raise FieldError("root", root, "does not exist; give a local copy of WMT14 (or null: the Hub's)")
         splits = dict(splits or {"train": "train", "val": "validation", "test": "test"})
         corpus = HuggingFaceTranslation(src_lang, tgt_lang, path=root or hub, config=config, splits=splits)
         super().__init__(corpus, **options)

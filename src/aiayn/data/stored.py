@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from aiayn.errors import CheckpointError, ConfigError, DataError, FieldError, show
+from aiayn.errors import CheckpointError, DataError, FieldError, show
 from aiayn.extras import MissingExtra
 
 # The data sections aiayn-train writes (conf/data/*.yaml): one of these modules, flat, at the top.
@@ -77,9 +77,7 @@ def instantiated_from_checkpoint(
         return module(**settings)
     except (DataError, MissingExtra):
         raise  # a file of the reader's own folder, named with its line; a library this install lacks (WMT's)
-    except ConfigError as error:  # a stored value the module refuses, in the module's own words
-        raise CheckpointError(f"checkpoint {checkpoint}: its stored {error}") from None
-    except FieldError as error:  # ... or names as one of its fields: the stored section's key
+    except FieldError as error:  # a stored value the module refuses, named as the stored section's key
         key, allowed = error.named(lambda name: f"{section}.{name}")
         raise CheckpointError(f"checkpoint {checkpoint}: its stored {key}={show(error.value)} {allowed}") from None
     except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError) as error:
@@ -149,12 +147,12 @@ def _reader_location(
     file names of a text corpus must lie inside ``root``."""
     accepted = inspect.signature(module).parameters
     if hub is not None and not _name(hub):
-        raise ConfigError("data.hub", hub, "must be the name of a Hugging Face dataset (or null)")
+        raise FieldError("data_hub", hub, "must be the name of a Hugging Face dataset (or null)")
     if hub is not None and "hub" not in accepted:
-        allowed = f"names a Hugging Face dataset, which a {module.__name__} does not read; give data.root=<folder>"
-        raise ConfigError("data.hub", hub, allowed)
+        allowed = f"names a Hugging Face dataset, which a {module.__name__} does not read; give data_root=<folder>"
+        raise FieldError("data_hub", hub, allowed)
     if root is not None and hub is not None:
-        raise ConfigError("data.hub", hub, f"and data.root={root} name two corpora; give one")
+        raise FieldError("data_hub", hub, f"and data_root={root} name two corpora; give one")
     if root is None and hub is None:
         where = next(
             (f"{section}.{key}={show(spec[key])}" for key in ("root", "hub") if spec.get(key) not in (None, "")),
@@ -167,7 +165,7 @@ def _reader_location(
     if hub is not None:
         return {"hub": hub}
     if not isinstance(root, str | Path) or not str(root).strip() or not Path(root).expanduser().is_dir():
-        raise ConfigError("data.root", root, "is not a folder; give your copy of the corpus the checkpoint names")
+        raise FieldError("data_root", root, "is not a folder; give your copy of the corpus the checkpoint names")
     folder = os.path.normpath(Path(root).expanduser().absolute())
     for role in TEXT_FILE_ROLES if module.__name__ == "TextDataModule" else ():
         pair = spec.get(role) or ()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from aiayn.errors import ConfigError
+from aiayn.errors import FieldError
 from aiayn.files import atomic_write
 from aiayn.machine import available_cpus
 
@@ -74,6 +74,6 @@ class Tokenizer:
             )
         except RuntimeError as error:  # the corpus cannot have this many pieces, or needs more
             reason = ". ".join(str(error).split("] ", 1)[-1].split(". ")[:2]).rstrip(".")
-            raise ConfigError("data.vocab_size", vocab_size, f"does not suit this corpus: {reason}") from None
+            raise FieldError("vocab_size", vocab_size, f"does not suit this corpus: {reason}") from None
         atomic_write(Path(model_file), model.getvalue())
         return cls(model_file)

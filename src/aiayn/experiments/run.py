@@ -25,7 +25,7 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.config.build import build_loggers, config_keys, instantiated
-from aiayn.config.plan import CheckpointPolicy, RunPlan, plan_run
+from aiayn.config.plan import FIT_KEYS, CheckpointPolicy, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
 from aiayn.experiments.results import RESULTS_FILE, RunResults
@@ -95,7 +95,7 @@ def train(
     in the epoch and the random state, so that it ends as an uninterrupted run would.
     """
     start = time.perf_counter()
-    with sole_writer(run_dir):
+    with sole_writer(run_dir), config_keys("", FIT_KEYS, only=True):
         # Every setting is checked before any work starts: a typo costs seconds, not a queued job.
         plan = plan_run(cfg, overrides, group)
         requested_checkpoint(plan.resume, run_dir)  # nothing to continue: refused before the data is prepared
