@@ -83,6 +83,31 @@ def test_a_module_imports_only_its_own_layer_and_those_below(path: Path) -> None
     assert not wrong, f"{own} may import {sorted(allowed)}; {path.name} imports {wrong}"
 
 
+BELOW_CONFIG = LAYERS[: LAYERS.index("config")]
+
+
+def config_errors(path: Path) -> list[str]:
+    """The first argument of each ``ConfigError(...)`` a module raises, as written."""
+    return [
+        ast.unparse(node.args[0]) if node.args else ""
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "ConfigError"
+    ]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for path in modules() if path.relative_to(PACKAGE).parts[0].removesuffix(".py") in BELOW_CONFIG],
+    ids=lambda path: str(path.relative_to(PACKAGE)),
+)
+def test_below_the_config_layer_no_module_reads_hydra_or_names_a_key(path: Path) -> None:
+    """Each layer checks its own fields (a FieldError, which the config layer names by its key); the
+    only ConfigError below it names an environment variable, which no config holds."""
+    found = imports_of(path, "hydra") | imports_of(path, "omegaconf")
+    keys = [key for key in config_errors(path) if not key.strip("'\"").isupper()]
+    assert not found and not keys, (found, keys)
+
+
 def room_modules() -> list[tuple[str, str, Path]]:
     return [
         (layer, room, path)

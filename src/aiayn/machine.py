@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.errors import ConfigError, FieldError, whole
+from aiayn.errors import FieldError, whole
 
 if TYPE_CHECKING:
     import torch
@@ -139,7 +139,7 @@ def cpu_precision(bf16: bool | str) -> str:
     if bf16 == "auto":
         bf16 = cpu_multiplies_bf16()
     if not isinstance(bf16, bool):
-        raise ConfigError("cpu_bf16", bf16, "must be true, false or auto (bf16 where the CPU has it)")
+        raise FieldError("cpu_bf16", bf16, "must be true, false or auto (bf16 where the CPU has it)")
     return "bf16-mixed" if bf16 else "32-true"
 
 

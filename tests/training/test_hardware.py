@@ -100,7 +100,7 @@ def test_cpu_precision_follows_the_machine_only_when_asked(monkeypatch: pytest.M
         monkeypatch.setattr(aiayn.machine, "cpu_multiplies_bf16", lambda has_bf16=has_bf16: has_bf16)
         assert cpu_precision("auto") == expected
         assert (cpu_precision(True), cpu_precision(False)) == ("bf16-mixed", "32-true")
-    with pytest.raises(ConfigError, match="cpu_bf16=yes must be true, false or auto"):
+    with pytest.raises(FieldError, match=r"^cpu_bf16=yes must be true, false or auto"):
         cpu_precision("yes")
 
 
