@@ -28,7 +28,7 @@ from aiayn.config.preflight import check_resolvable, check_run_config
 from aiayn.config.settings import check_settings
 from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
-from aiayn.errors import ConfigError, whole
+from aiayn.errors import ConfigError
 from aiayn.model import DecodingOptions, TransformerConfig
 from aiayn.training.batching import BatchSettings, plan_batches, trainer_arguments
 from aiayn.training.callbacks.ema import EmaSettings
@@ -36,7 +36,7 @@ from aiayn.training.callbacks.garbage import ScheduledCollection
 from aiayn.training.callbacks.progress import progress_style
 from aiayn.training.callbacks.samples import ValidationSamples
 from aiayn.training.callbacks.sdpa import SdpaBackends
-from aiayn.training.metrics import EVALUATED_CHECKPOINTS, EVALUATION_METRICS
+from aiayn.training.checkpoint_policy import CheckpointPolicy
 from aiayn.training.module import TranslationModule
 from aiayn.training.schedule import DECAYING, OptimSettings
 
@@ -86,65 +86,6 @@ BATCH_KEYS = {
     "max_len": "data.max_len",
     "accumulate": "trainer.accumulate_grad_batches",
 }
-ANSWER_SETTINGS = ("evaluated", "averaged", "ema")  # checkpoint.answer: which tested checkpoint is the answer
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    """The ``checkpoint`` section: the checkpoints kept (the best by ``monitor`` in ``mode``, the newest
-    ``keep_last`` step checkpoints), the one evaluated after training (``best`` or ``final``), the
-    newest ``average_last`` averaged for a second test (§6.1), a validation every ``every_steps``
-    optimizer steps (None: as ``trainer.val_check_interval`` says), and the step checkpoints every
-    ``average_every`` optimizer steps instead of at validations (None), and which of the tested checkpoints
-    is the run's ``answer``. Every key is checked here, when the policy is made: a ``monitor`` every
-    validation logs (else the run would fail at its first validation, after the work), a ``mode`` saying
-    which way it improves, an ``evaluate`` naming a checkpoint, and counts that fit together."""
-
-    monitor: str
-    mode: str
-    keep_last: int
-    average_last: int
-    evaluate: str
-    every_steps: int | None
-    average_every: int | None
-    answer: str = "evaluated"  # the tested checkpoint results.json reports as the run's answer
-
-    def __post_init__(self) -> None:
-        monitored = [f"val/{name}" for name in EVALUATION_METRICS]
-        if self.monitor not in monitored:
-            raise ConfigError(
-                "checkpoint.monitor", self.monitor, f"is not a validation metric; use one of {', '.join(monitored)}"
-            )
-        if self.evaluate not in EVALUATED_CHECKPOINTS:
-            raise ConfigError(
-                "checkpoint.evaluate", self.evaluate, "must be best (by checkpoint.monitor) or final (the last step)"
-            )
-        if self.answer not in ANSWER_SETTINGS:
-            allowed = (
-                "must be evaluated (checkpoint.evaluate's), averaged (checkpoint.average_last's) or ema (ema.decay's)"
-            )
-            raise ConfigError("checkpoint.answer", self.answer, allowed)
-        if self.mode not in ("min", "max"):
-            raise ConfigError(
-                "checkpoint.mode", self.mode, "must be max (val/bleu) or min (val/loss, val/nll, val/ppl)"
-            )
-        keep, average = self.keep_last, self.average_last
-        if not whole(keep, 0):
-            raise ConfigError("checkpoint.keep_last", keep, "must be a whole number >= 0 (0 keeps no step checkpoints)")
-        if not whole(average, 0):
-            raise ConfigError("checkpoint.average_last", average, "must be a whole number >= 0 (0 or 1: no averaging)")
-        if self.answer == "averaged" and average < 2:
-            allowed = f"needs checkpoints to average: set checkpoint.average_last>=2 (it is {average})"
-            raise ConfigError("checkpoint.answer", "averaged", allowed)
-        if average > max(keep, 1):
-            allowed = f"needs that many kept checkpoints; set checkpoint.keep_last>={average}"
-            raise ConfigError("checkpoint.average_last", average, allowed)
-        if self.average_every is not None and not whole(self.average_every, 1):
-            allowed = "must be a whole number of optimizer steps >= 1, or null (step checkpoints at validations)"
-            raise ConfigError("checkpoint.average_every", self.average_every, allowed)
-        if self.every_steps is not None and not whole(self.every_steps, 1):
-            allowed = "must be a positive number of optimizer steps (or null)"
-            raise ConfigError("checkpoint.every_steps", self.every_steps, allowed)
 
 
 @dataclass
@@ -235,18 +176,23 @@ def plan_run(cfg: DictConfig, overrides: Sequence[str] = (), group: str | None =
     )
 
 
+# The key of what the checkpoint policy's messages name beyond its own section.
+CHECKPOINT_KEYS = {"decay": "ema.decay"}
+
+
 def checkpoint_policy(section: DictConfig) -> CheckpointPolicy:
-    """The ``checkpoint`` section, checked (:class:`CheckpointPolicy`)."""
-    return CheckpointPolicy(
-        monitor=section.monitor,
-        mode=section.mode,
-        keep_last=section.keep_last,
-        average_last=section.average_last,
-        evaluate=section.evaluate,
-        every_steps=section.every_steps,
-        average_every=section.average_every,
-        answer=section.answer,
-    )
+    """The ``checkpoint`` section, checked (:class:`~aiayn.training.checkpoint_policy.CheckpointPolicy`)."""
+    with config_keys("checkpoint", CHECKPOINT_KEYS):
+        return CheckpointPolicy(
+            monitor=section.monitor,
+            mode=section.mode,
+            keep_last=section.keep_last,
+            average_last=section.average_last,
+            evaluate=section.evaluate,
+            every_steps=section.every_steps,
+            average_every=section.average_every,
+            answer=section.answer,
+        )
 
 
 def check_decay_budget(optim: OptimSettings, trainer: DictConfig) -> None:

@@ -25,7 +25,7 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from aiayn.config.build import build_loggers, config_keys, instantiated
-from aiayn.config.plan import FIT_KEYS, CheckpointPolicy, RunPlan, plan_run
+from aiayn.config.plan import FIT_KEYS, RunPlan, plan_run
 from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
 from aiayn.experiments.results import RESULTS_FILE, RunResults
@@ -46,6 +46,7 @@ from aiayn.training.callbacks.run_state import RandomState, SelfContainedCheckpo
 from aiayn.training.callbacks.shapes import ShapeWarmUp
 from aiayn.training.callbacks.throughput import TokenThroughput
 from aiayn.training.checkpoint_io import RunCheckpointIO
+from aiayn.training.checkpoint_policy import CheckpointPolicy
 from aiayn.training.checkpoints import average_checkpoints, load_checkpoint, save_checkpoint, step_checkpoints
 from aiayn.training.cluster import cluster_environment
 from aiayn.training.loggers.finish import finish_loggers
