@@ -9,8 +9,7 @@ import pytorch_lightning as pl
 
 from aiayn.config.compose import compose_run_config
 from aiayn.config.plan import plan_run
-from aiayn.data import Multi30kDataModule
-from aiayn.data import datamodule as datamodule_module
+from aiayn.data import Multi30kDataModule, limits
 from aiayn.errors import ConfigError, FieldError
 
 
@@ -54,14 +53,14 @@ def test_a_padded_module_gets_batches_without_packing_fields(corpus_root: Path, 
 
 
 def test_null_workers_are_half_the_cpus_of_each_process_at_most_8(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(datamodule_module, "available_cpus", lambda: 16)
-    assert [datamodule_module.loader_workers(n) for n in (1, 2, 8)] == [8, 4, 1]
-    monkeypatch.setattr(datamodule_module, "available_cpus", lambda: 1)
-    assert datamodule_module.loader_workers(1) == 0  # the process itself needs the one CPU
+    monkeypatch.setattr(limits, "available_cpus", lambda: 16)
+    assert [limits.loader_workers(n) for n in (1, 2, 8)] == [8, 4, 1]
+    monkeypatch.setattr(limits, "available_cpus", lambda: 1)
+    assert limits.loader_workers(1) == 0  # the process itself needs the one CPU
 
 
 def test_loader_options_follow_the_workers(corpus_root: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(datamodule_module, "available_cpus", lambda: 12)
+    monkeypatch.setattr(limits, "available_cpus", lambda: 12)
     dm = datamodule(corpus_root, cache_dir, num_workers=None, prefetch_factor=4)
     attached(dm, PaddedModule())
     options = dm._loader_options()

@@ -13,9 +13,10 @@ from aiayn.data.sampler import TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from aiayn.data.datamodule import Multi30kDataModule, TextDataModule, TranslationDataModule, WMT14DataModule
+    from aiayn.data.datamodule import TranslationDataModule
+    from aiayn.data.sources import Multi30kDataModule, TextDataModule, WMT14DataModule
 
-DATA_MODULES = ("Multi30kDataModule", "TextDataModule", "TranslationDataModule", "WMT14DataModule")
+DATA_MODULES = ("Multi30kDataModule", "WMT14DataModule", "TextDataModule")  # aiayn.data.sources
 __all__ = [
     "DataError",
     "Multi30kDataModule",
@@ -28,8 +29,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name in DATA_MODULES:
-        from aiayn.data import datamodule
+    if name == "TranslationDataModule":
+        from aiayn.data.datamodule import TranslationDataModule
 
-        return getattr(datamodule, name)
+        return TranslationDataModule
+    if name in DATA_MODULES:
+        from aiayn.data import sources
+
+        return getattr(sources, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,8 +1,7 @@
-"""The LightningDataModules: a parallel corpus → cached sentencepiece ids → token-budget batches.
+"""The LightningDataModule: a parallel corpus → cached sentencepiece ids → token-budget batches.
 
 :class:`TranslationDataModule` does the work for any :class:`~aiayn.data.corpus.ParallelCorpus`; the
-three sources are thin subclasses that take flat keys (``data.root`` ...) from the Hydra config:
-:class:`Multi30kDataModule`, :class:`WMT14DataModule` and :class:`TextDataModule`.
+data modules of each kind of corpus are in :mod:`aiayn.data.sources`.
 """
 
 from __future__ import annotations
@@ -21,19 +20,13 @@ from torch.utils.data import DataLoader
 from aiayn.data.back_translation import TAG, ExtraPairs, TrainingMix, check_mix, check_tag
 from aiayn.data.bpe_dropout import BpeDropout, EpochSegmentation, check_bpe_dropout, check_reload
 from aiayn.data.cache import CacheEntry
-from aiayn.data.corpus import (
-    DataError,
-    HuggingFaceTranslation,
-    Multi30k,
-    ParallelCorpus,
-    TextFiles,
-    default_cache_dir,
-)
+from aiayn.data.corpus import DataError, ParallelCorpus, default_cache_dir
 from aiayn.data.dataset import Collator, EncodedText, ParallelDataset, token_dtype
 from aiayn.data.encoding import encode_split
+from aiayn.data.limits import check_sizes, check_validation_interval, loader_workers
 from aiayn.data.sampler import ResumableDataLoader, TokenBudgetBatchSampler
 from aiayn.data.tokenizer import Tokenizer
-from aiayn.errors import FieldError, is_number, whole
+from aiayn.errors import FieldError
 from aiayn.machine import available_cpus
 
 log = logging.getLogger(__name__)
@@ -42,72 +35,6 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 3: entries with manifests (data/cache.py), corpus fingerprints with file boundaries
 SAMPLE_SEED = 0  # the tokenizer's training sample does not depend on the run's seed: runs share caches
 ROLES = ("train", "val", "test")
-
-
-def check_validation_interval(trainer: pl.Trainer, batches: int) -> None:
-    """A validation interval of whole batches must fit in an epoch of ``batches`` when validations follow
-    the epochs (Lightning refuses it with a traceback once the loader exists: here, the key and the fix)."""
-    interval = trainer.val_check_interval
-    if isinstance(interval, int) and trainer.check_val_every_n_epoch is not None and interval > batches:
-        raise FieldError(
-            "val_check_interval",
-            interval,
-            f"is more than an epoch's {batches} training batches: give a fraction of an epoch (1.0: at its end), "
-            "or every_steps=N to validate every N optimizer steps across epochs",
-        )
-
-
-def check_sizes(
-    *,
-    tokenizer_sample: int,
-    encode_workers: int | None,
-    max_tokens: int,
-    eval_max_tokens: int | None,
-    max_len: int,
-    max_len_ratio: float | None,
-    num_workers: int | None,
-    prefetch_factor: int | None,
-    batch_shapes: int | None,
-    train_limit: int | None,
-    eval_limit: int | None,
-) -> None:
-    """The data module's sizes, counts and limits, each a :class:`~aiayn.errors.FieldError` naming its field
-    (the config layer names the ``data.*`` key); among them, the token budget against the longest sentence
-    training keeps."""
-    counts = (
-        ("tokenizer_sample", tokenizer_sample, 1, False),
-        ("num_workers", num_workers, 0, True),
-        ("prefetch_factor", prefetch_factor, 1, True),
-        ("batch_shapes", batch_shapes, 1, True),
-        ("encode_workers", encode_workers, 1, True),
-        ("train_limit", train_limit, 1, True),
-        ("eval_limit", eval_limit, 1, True),
-    )
-    for key, value, minimum, null in counts:
-        if not (null and value is None) and not whole(value, minimum):
-            raise FieldError(key, value, f"must be a whole number >= {minimum}{' or null' if null else ''}")
-    if max_len_ratio is not None and not (is_number(max_len_ratio) and max_len_ratio >= 1):
-        raise FieldError("max_len_ratio", max_len_ratio, "must be a number >= 1 (or null: no ratio filter)")
-    for key, value in (("max_tokens", max_tokens), ("max_len", max_len)):
-        if not whole(value, 1):
-            raise FieldError(key, value, "must be a whole number of tokens >= 1")
-    if eval_max_tokens is not None and not whole(eval_max_tokens, 1):
-        raise FieldError("eval_max_tokens", eval_max_tokens, "must be a whole number of tokens >= 1 (or null)")
-    # A kept pair has at most max_len tokens per side, its end-of-sentence token included.
-    if max_tokens < max_len:
-        raise FieldError(
-            "max_tokens",
-            max_tokens,
-            f"is smaller than the longest sentence training keeps ({{max_len}}={max_len} tokens); "
-            "raise {max_tokens} or lower {max_len}",
-        )
-
-
-def loader_workers(processes: int) -> int:
-    """Loader workers per training process when ``data.num_workers`` is null: half the CPUs each of the
-    ``processes`` on this machine may use (the other half runs the process itself and its CUDA threads),
-    at most 8. A vectorised collate makes a 25000-token batch in a few ms, so 8 feed any one GPU."""
-    return min(8, available_cpus() // max(processes, 1) // 2)
 
 
 class TranslationDataModule(pl.LightningDataModule):
@@ -482,69 +409,3 @@ class TranslationDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader("test")
-
-
-class Multi30kDataModule(TranslationDataModule):
-    """Multi30k task 1 in one direction (``src_lang`` → ``tgt_lang`` among en, de, fr), from ``root``
-    or, when unset, downloaded into ``<cache_dir>/multi30k`` on first use."""
-
-    def __init__(
-        self,
-        src_lang: str = "en",
-        tgt_lang: str = "de",
-        root: str | None = None,
-        val_split: str = "val",
-        test_split: str = "test",
-        **options: Any,
-    ) -> None:
-        cache = Path(options["cache_dir"]).expanduser() if options.get("cache_dir") else default_cache_dir()
-        root_path = Path(root).expanduser() if root else None
-        corpus = Multi30k(
-            src_lang, tgt_lang, root=root_path, cache_dir=cache, val_split=val_split, test_split=test_split
-        )
-        super().__init__(corpus, **options)
-
-
-class WMT14DataModule(TranslationDataModule):
-    """WMT14 through Hugging Face ``datasets``: the ``wmt14`` configuration ``config`` (``de-en``,
-    ``fr-en``), newstest2013 as validation and newstest2014 as test. ``root``: a local copy in the same
-    layout (``save_to_disk`` folder, or Parquet/JSON files), else ``hub`` is downloaded once into the
-    Hugging Face cache."""
-
-    def __init__(
-        self,
-        src_lang: str = "en",
-        tgt_lang: str = "de",
-        config: str = "de-en",
-        root: str | None = None,
-        hub: str = "wmt/wmt14",
-        splits: dict[str, str | None] | None = None,
-        **options: Any,
-    ) -> None:
-        pair = set(config.split("-"))
-        if {src_lang, tgt_lang} != pair:
-            allowed = f"does not hold src_lang={src_lang} and tgt_lang={tgt_lang}; use the pair's config"
-            raise FieldError("config", config, allowed)
-        if root is not None and not Path(root).expanduser().exists():
-            raise FieldError("root", root, "does not exist; give a local copy of WMT14 (or null: the Hub's)")
-        splits = dict(splits or {"train": "train", "val": "validation", "test": "test"})
-        corpus = HuggingFaceTranslation(src_lang, tgt_lang, path=root or hub, config=config, splits=splits)
-        super().__init__(corpus, **options)
-
-
-class TextDataModule(TranslationDataModule):
-    """Your own parallel text: ``train``, ``val`` and (optionally) ``test`` are each a pair of aligned
-    files ``[source, target]``, relative to ``root`` unless absolute."""
-
-    def __init__(
-        self,
-        src_lang: str,
-        tgt_lang: str,
-        train: Sequence[str],
-        val: Sequence[str],
-        test: Sequence[str] | None = None,
-        root: str | None = None,
-        **options: Any,
-    ) -> None:
-        files = {"train": train, "val": val, "test": test}
-        super().__init__(TextFiles(src_lang, tgt_lang, Path(root).expanduser() if root else None, files), **options)

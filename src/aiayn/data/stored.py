@@ -12,11 +12,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from aiayn.data import DATA_MODULES
 from aiayn.errors import CheckpointError, DataError, FieldError, show
 from aiayn.extras import MissingExtra
 
-# The data sections aiayn-train writes (conf/data/*.yaml): one of these modules, flat, at the top.
-STORED_DATA_MODULES = ("Multi30kDataModule", "WMT14DataModule", "TextDataModule")
 # Where a stored corpus is: a folder, a Hub dataset, a download's cache. The reader names these, never a
 # stored config: a shared file must not make its reader scan a folder or fetch a dataset.
 LOCATION_KEYS = ("root", "hub", "cache_dir")
@@ -43,7 +42,7 @@ def instantiated_from_checkpoint(
     theirs, or ``hub``, a Hugging Face dataset they name (WMT14). Checkpoints and run folders are shared
     between people, so the stored section is taken as a description only:
 
-    - its one ``_target_`` must be one of :data:`STORED_DATA_MODULES`, at the top (no other class, no
+    - its one ``_target_`` must be one of :data:`~aiayn.data.DATA_MODULES` (conf/data's), at the top (no other class, no
       nested object, nothing imported to find out): a stored ``_target_: os.system`` would run as its
       reader;
     - its stored ``root``, ``hub`` and ``cache_dir`` are never used (nothing is scanned, fetched or
@@ -63,7 +62,7 @@ def instantiated_from_checkpoint(
         if key != f"{section}._target_" or _data_module(target) is None:
             raise CheckpointError(
                 f"checkpoint {checkpoint}: its stored config sets {key}={show(target)}, which is not one of "
-                f"aiayn's data modules ({', '.join(STORED_DATA_MODULES)}, at the top of {section}); it is not "
+                f"aiayn's data modules ({', '.join(DATA_MODULES)}, at the top of {section}); it is not "
                 f"run ({fix})"
             )
     if not isinstance(spec, Mapping) or "_target_" not in spec:
@@ -99,12 +98,12 @@ def stored_targets(node: Any, key: str) -> Iterator[tuple[str, Any]]:
 
 def _data_module(target: Any) -> type | None:
     """The data module class ``target`` names (``aiayn.data.X`` or ``aiayn.data.datamodule.X``, X one of
-    :data:`STORED_DATA_MODULES`), else None."""
+    :data:`DATA_MODULES`), else None."""
     for prefix in ("aiayn.data.", "aiayn.data.datamodule."):
-        if isinstance(target, str) and target.startswith(prefix) and target[len(prefix) :] in STORED_DATA_MODULES:
-            from aiayn.data import datamodule  # Lightning: imported only when a section is built
+        if isinstance(target, str) and target.startswith(prefix) and target[len(prefix) :] in DATA_MODULES:
+            from aiayn.data import sources  # Lightning: imported only when a section is built
 
-            return getattr(datamodule, target[len(prefix) :])
+            return getattr(sources, target[len(prefix) :])
     return None
 
 

@@ -70,7 +70,7 @@ class RunTexts:
 
 def reading_classes() -> dict[str, type]:
     """The data modules whose test split the report reads, by the names a stored ``_target_`` gives them."""
-    from aiayn.data.datamodule import Multi30kDataModule, TextDataModule, WMT14DataModule
+    from aiayn.data.sources import Multi30kDataModule, TextDataModule, WMT14DataModule
 
     classes = (Multi30kDataModule, TextDataModule, WMT14DataModule)
     return {n: c for c in classes for n in (f"{c.__module__}.{c.__name__}", f"aiayn.data.{c.__name__}")}
