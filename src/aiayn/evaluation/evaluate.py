@@ -24,6 +24,7 @@ from aiayn.evaluation.settings import ComparedSystem, EvalSettings, Texts
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
+from aiayn.model import DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
@@ -56,33 +57,30 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     system; :func:`output_digest`): another text of the same file name, other options or another
     compared system never replace them, and the same evaluation again replaces its own."""
     decode, compare, tokenized_bleu = settings.decode, settings.compare, settings.tokenized_bleu
-    paths, device, decoding, nbest = list(decode.checkpoint), decode.torch_device, decode.decoding, decode.nbest
-    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
-    translator = Translator(model, tokenizer, decoding, decode.max_tokens, nbest, decode.seed, decode.sdpa_backends)
-    tgt_lang = (direction(run_config, paths[0]) or (None, None))[1]
-    name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
-    second = second_system(compare, translator, run_config, paths[0], reference, device) if compare else None
+    system = loaded_system(settings, decode.decoding)
+    paths, translator, decoding, nbest = system.paths, system.translator, decode.decoding, decode.nbest
+    tgt_lang = (direction(system.run_config, paths[0]) or (None, None))[1]
+    source, reference = system.source, system.reference
+    device = decode.torch_device
+    second = second_system(compare, translator, system.run_config, paths[0], reference, device) if compare else None
     wants_tokenized = tokenized_bleu is True or (tokenized_bleu == "auto" and tgt_lang in TOKENIZED_BLEU_LANGS)
-    decoded = settings_of(translator, device)
-    digest = texts_digest(source, reference)
     identity = {
         "checkpoint": system_identity(paths),
-        "texts": digest,
-        "settings": decoded,
+        "texts": system.digest,
+        "settings": system.decoded,
         "nbest": nbest,
         "tokenized_bleu": tgt_lang if wants_tokenized else None,
         "compare": [system_identity(compare.paths), compare.is_checkpoint] if compare else None,
     }
-    folder = output_folder(paths[0], settings.output_dir)
-    engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
     searched = f"sample-seed{decode.seed}" if decoding.sample else f"beam{decoding.beam_size}-alpha{decoding.alpha}"
-    stem = f"{system_name(paths)}{engine}.{name}.{searched}.{output_digest(identity)}"
+    stem = f"{system.stem}.{searched}.{output_digest(identity)}"
 
     start = time.perf_counter()
     found = translator.candidates(source)
     hypotheses = [candidates[0].text if candidates else "" for candidates in found]
     seconds = time.perf_counter() - start
     scores = corpus_scores(hypotheses, reference, tgt_lang if wants_tokenized else None)
+    folder = system.folder
     folder.mkdir(parents=True, exist_ok=True)
     hyp_file = folder / f"{stem}.hyp.txt"
     atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
@@ -90,14 +88,10 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     if nbest_file is not None:
         atomic_write(nbest_file, nbest_jsonl(found))
     report = {
-        "checkpoint": shown_paths(paths),
-        "system": system_name(paths),
-        "members": [file_identity(path) for path in paths],  # an ensemble's each (one model: one)
-        "evaluated": name,
-        "texts_sha256": digest,
-        "backend": decoded["backend"],
-        **({"compute_type": model.arithmetic} if engine else {}),
-        "settings": decoded,
+        **system.described(),
+        "backend": system.decoded["backend"],
+        **({"compute_type": system.decoded["compute_type"]} if system.decoded["backend"] == "ctranslate2" else {}),
+        "settings": system.decoded,
         "sentences": len(source),
         "decoding": decoding.to_dict(),
         **scores,
@@ -120,6 +114,59 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     report_file = folder / f"{stem}.json"
     atomic_write(report_file, json.dumps(report, indent=2) + "\n")
     return Evaluation(report, report_file, hyp_file, test, nbest_file)
+
+
+@dataclass(frozen=True)
+class LoadedSystem:
+    """The system ``aiayn-eval`` scores, loaded, and the texts it translates: its checkpoints (``paths``),
+    a translator of its model(s), the stored run config, the evaluated text (``name``, ``source``,
+    ``reference``, their ``digest``), how it decodes (``decoded``, :func:`settings_of`), the folder its
+    files go to and the start of their names (``stem``)."""
+
+    paths: list[Path]
+    translator: Translator
+    run_config: dict[str, Any]
+    name: str
+    source: list[str]
+    reference: list[str]
+    digest: str
+    decoded: dict[str, Any]
+    folder: Path
+    stem: str
+
+    def described(self) -> dict[str, Any]:
+        """What a report says of the system and the texts."""
+        return {
+            "checkpoint": shown_paths(self.paths),
+            "system": system_name(self.paths),
+            "members": [file_identity(path) for path in self.paths],  # an ensemble's each (one model: one)
+            "evaluated": self.name,
+            "texts_sha256": self.digest,
+        }
+
+
+def loaded_system(settings: EvalSettings, decoding: DecodingOptions) -> LoadedSystem:
+    """The checkpoint(s) of ``settings`` loaded for decoding with ``decoding``, and the texts read."""
+    decode = settings.decode
+    paths, device = list(decode.checkpoint), decode.torch_device
+    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
+    translator = Translator(
+        model, tokenizer, decoding, decode.max_tokens, decode.nbest, decode.seed, decode.sdpa_backends
+    )
+    name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
+    engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
+    return LoadedSystem(
+        paths,
+        translator,
+        run_config,
+        name,
+        source,
+        reference,
+        texts_digest(source, reference),
+        settings_of(translator, device),
+        output_folder(paths[0], settings.output_dir),
+        f"{system_name(paths)}{engine}.{name}",
+    )
 
 
 def system_name(paths: Sequence[Path]) -> str:

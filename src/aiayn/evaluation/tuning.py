@@ -7,26 +7,16 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import sacrebleu
 
-from aiayn.evaluation.evaluate import (
-    evaluation_texts,
-    file_identity,
-    output_digest,
-    output_folder,
-    settings_of,
-    shown_paths,
-    system_identity,
-    system_name,
-    texts_digest,
-)
+from aiayn.evaluation.evaluate import loaded_system, output_digest, system_identity
 from aiayn.evaluation.settings import EvalSettings
-from aiayn.evaluation.translator import Translator, load_translation_models
-from aiayn.export.ctranslate2 import EngineModel
+from aiayn.evaluation.translator import Translator
 from aiayn.files import atomic_write
 from aiayn.model import DecodingOptions
 from aiayn.scoring import BLEU_SETTINGS
@@ -84,54 +74,26 @@ def tune(settings: EvalSettings) -> Tuning:
     translated once."""
     decode, grid = settings.decode, settings.tune
     assert grid is not None, "tune() is for settings with a grid (EvalSettings.tune)"
-    paths, device, max_tokens, seed = list(decode.checkpoint), decode.torch_device, decode.max_tokens, decode.seed
-    sdpa_backends = decode.sdpa_backends
-    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
-    name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
-    base = Translator(model, tokenizer, grid.base, max_tokens, seed=seed, sdpa_backends=sdpa_backends)
-    decoded = settings_of(base, device)  # decoding=
-    digest = texts_digest(source, reference)
-    identity = {"checkpoint": system_identity(paths), "texts": digest, "settings": decoded, "tune": grid.values}
-    folder = output_folder(paths[0], settings.output_dir)
-    engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
-    stem = f"{system_name(paths)}{engine}.{name}.{output_digest(identity)}"
+    system = loaded_system(settings, grid.base)
+    identity = {"checkpoint": system_identity(system.paths), "texts": system.digest, "settings": system.decoded}
+    stem = f"{system.stem}.{output_digest(identity | {'tune': grid.values})}"
+    base = system.translator
+
+    def translated(options: DecodingOptions) -> list[str]:
+        translator = Translator(
+            base.model, base.tokenizer, options, decode.max_tokens, seed=decode.seed, sdpa_backends=decode.sdpa_backends
+        )
+        return translator.translate(system.source)
 
     bleu = sacrebleu.BLEU(**BLEU_SETTINGS)
-    rows: list[dict[str, Any]] = []
-    translated: dict[DecodingOptions, int] = {}  # same_translations(options) -> the row that translated it
     start = time.perf_counter()
-    for index, options in enumerate(grid.settings):
-        key = same_translations(options)
-        row = {"decoding": grid.changes(options), "same_as": translated.get(key)}
-        if row["same_as"] is None:
-            began = time.perf_counter()
-            translator = Translator(model, tokenizer, options, max_tokens, seed=seed, sdpa_backends=sdpa_backends)
-            hypotheses = translator.translate(source)
-            score = bleu.corpus_score(hypotheses, [reference])
-            row |= {
-                "sacrebleu": score.score,
-                "length_ratio": score.sys_len / score.ref_len if score.ref_len else None,
-                "brevity_penalty": score.bp,
-                "sys_len": score.sys_len,
-                "ref_len": score.ref_len,
-                "seconds": time.perf_counter() - began,
-            }
-            translated[key] = index
-        else:
-            same = rows[row["same_as"]]
-            row |= {key: same[key] for key in ("sacrebleu", "length_ratio", "brevity_penalty", "sys_len", "ref_len")}
-            row["seconds"] = 0.0
-        rows.append(row)
+    rows = scored_rows(grid, translated, system.reference, bleu)
     best = max(range(len(rows)), key=lambda i: rows[i]["sacrebleu"])  # the first of equal scores
     chosen = grid.settings[best]
     report = {
-        "checkpoint": shown_paths(paths),
-        "system": system_name(paths),
-        "members": [file_identity(path) for path in paths],
-        "evaluated": name,
-        "texts_sha256": digest,
-        "sentences": len(source),
-        "settings": decoded,  # its decoding is decoding=, which each row changes
+        **system.described(),
+        "sentences": len(system.source),
+        "settings": system.decoded,  # its decoding is decoding=, which each row changes
         "tuned": grid.values,
         "sacrebleu_signature": str(bleu.get_signature()),
         "grid": rows,
@@ -143,10 +105,34 @@ def tune(settings: EvalSettings) -> Tuning:
         },
         "seconds": time.perf_counter() - start,
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    report_file = folder / f"{stem}.tune.json"
+    system.folder.mkdir(parents=True, exist_ok=True)
+    report_file = system.folder / f"{stem}.tune.json"
     atomic_write(report_file, json.dumps(report, indent=2) + "\n")
     return Tuning(report, report_file)
+
+
+def scored_rows(
+    grid: TuneGrid, translated: Callable[[DecodingOptions], list[str]], reference: list[str], bleu: sacrebleu.BLEU
+) -> list[dict[str, Any]]:
+    """A row per setting of ``grid``, in order: the tuned values, sacreBLEU, the length ratio sys/ref, the
+    brevity penalty, the lengths and the seconds it took. A setting that translates as an earlier one
+    (:func:`same_translations`) is not translated again: its row names that one (``same_as``)."""
+    scores = ("sacrebleu", "length_ratio", "brevity_penalty", "sys_len", "ref_len")
+    rows: list[dict[str, Any]] = []
+    translated_by: dict[DecodingOptions, int] = {}  # same_translations(options) -> the row that translated it
+    for index, options in enumerate(grid.settings):
+        key = same_translations(options)
+        row = {"decoding": grid.changes(options), "same_as": translated_by.get(key)}
+        if row["same_as"] is not None:
+            rows.append(row | {name: rows[row["same_as"]][name] for name in scores} | {"seconds": 0.0})
+            continue
+        began = time.perf_counter()
+        score = bleu.corpus_score(translated(options), [reference])
+        ratio = score.sys_len / score.ref_len if score.ref_len else None
+        values = (score.score, ratio, score.bp, score.sys_len, score.ref_len)
+        rows.append(row | dict(zip(scores, values, strict=True)) | {"seconds": time.perf_counter() - began})
+        translated_by[key] = index
+    return rows
 
 
 def tune_lines(tuning: Tuning) -> list[str]:
