@@ -49,6 +49,7 @@ class RunResults:
     overflow_steps: int  # fp16 steps the gradient scaler skipped
     wall_s: float
     overrides: list[str]  # the command line's, which define the run
+    versions: dict[str, str | None]  # aiayn's and the libraries' that decide the numbers (run_info.SOFTWARE)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields in order, with the test, averaged and EMA scores' own keys in place of the groups."""

@@ -30,7 +30,7 @@ from aiayn.data import TranslationDataModule
 from aiayn.errors import ConfigError
 from aiayn.experiments.results import RESULTS_FILE, RunResults
 from aiayn.experiments.resume import requested_checkpoint, resume_from
-from aiayn.experiments.run_info import log_run_config
+from aiayn.experiments.run_info import log_run_config, software_versions
 from aiayn.files import TEST_TRANSLATIONS, atomic_write, run_folder_held
 from aiayn.model import count_parameters
 from aiayn.scoring import corpus_scores
@@ -180,6 +180,7 @@ def collect_results(
         overflow_steps=overflows,
         wall_s=time.perf_counter() - start,
         overrides=plan.overrides,
+        versions=software_versions(),
         test=test,
         averaged=averaged,
         ema=ema,

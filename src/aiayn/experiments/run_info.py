@@ -1,12 +1,13 @@
 """What a training run records about itself on its dashboards, beside its composed config: the
 overrides that define it, the code it ran (git commit, uncommitted changes), its parameter count, the
-hardware and precision it ran on and its effective batch."""
+hardware and precision it ran on and its effective batch; the software versions results.json records."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,19 @@ from aiayn.machine import device_name, matmul_precision
 from aiayn.model import count_parameters
 
 META_KEY = "aiayn"  # the dashboard config's entry for what the composed config does not hold
+# The distributions whose versions decide a run's numbers, as results.json records them.
+SOFTWARE = ("aiayn", "torch", "pytorch-lightning", "hydra-core", "wandb", "sentencepiece", "sacrebleu")
+
+
+def software_versions() -> dict[str, str | None]:
+    """The installed version of each of :data:`SOFTWARE` (None where it is not installed as a distribution)."""
+    versions: dict[str, str | None] = {}
+    for name in SOFTWARE:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
 
 
 def log_run_config(
