@@ -7,22 +7,29 @@ with fields changed: nothing is trained."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
+import aiayn
 from aiayn.cli import report as report_cli
 from aiayn.experiments.report.document import write_report
-from aiayn.experiments.report.runs import RESULT_FIELDS
+from aiayn.experiments.report.plots import validations
+from aiayn.experiments.report.runs import RESULT_FIELDS, find_runs
+from aiayn.experiments.report.settings import group_settings
 from aiayn.experiments.results import ANSWERS, RESULTS_FILE
+from aiayn.experiments.run_info import SOFTWARE, software_versions
 from aiayn.training.metrics import EVALUATED_CHECKPOINTS
 
 
@@ -489,7 +496,8 @@ def test_nothing_is_written_outside_the_output_folder(
     inputs = tree(sweep)
     status, _, _ = report([sweep, "--out", tmp_path / "out"], capsys)
     assert status == 0 and tree(sweep) == inputs  # the input folders are read, not written
-    assert sorted(tree(tmp_path / "out")) == ["bleu_ppl_vs_positional.png", "report.md"]
+    written = ["bleu_ppl_vs_positional.png", "report.csv", "report.json", "report.md", "report.tex"]
+    assert sorted(tree(tmp_path / "out")) == written
     status, _, err = report([sweep], capsys)  # no --out: into the folder named first, whose links are refused
     assert status == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"aiayn-report: error: {sweep}/") and ": is a link; aiayn writes only plain files" in err
@@ -503,3 +511,67 @@ def test_the_report_reads_results_json_as_the_run_writes_it(smoke_run_dir: Path)
     written = json.loads((smoke_run_dir / RESULTS_FILE).read_text())
     assert {key for key, *_ in RESULT_FIELDS} <= set(written)
     assert written["evaluated"] in EVALUATED_CHECKPOINTS and written["answer"] in ANSWERS
+
+
+def test_results_json_records_the_versions_that_decide_the_numbers(smoke_run_dir: Path) -> None:
+    written = json.loads((smoke_run_dir / RESULTS_FILE).read_text())["versions"]
+    assert list(written) == list(SOFTWARE) and written == software_versions()
+    assert written["aiayn"] == aiayn.__version__ and written["torch"].startswith(torch.__version__.split("+")[0])
+
+
+# -- 6. the table in the formats a paper's build reads -------------------------------------------------
+
+
+def test_the_table_is_written_as_csv_json_and_latex_with_the_same_rows(smoke_run_dir: Path, tmp_path: Path) -> None:
+    for seed, bleu, heads in ((1, 10.0, None), (2, 14.0, None), (1, 20.0, 1)):
+        overrides, config = ((f"model.n_heads={heads}",), {"model.n_heads": heads}) if heads else ((), {})
+        copied_run(smoke_run_dir, tmp_path / "runs" / f"{heads}-{seed}", seed, bleu, overrides, config=config)
+    written = write_report([tmp_path / "runs"], tmp_path / "out")
+    assert [path.name for path in written.exports] == ["report.csv", "report.json", "report.tex"]
+    rows = list(csv.DictReader((tmp_path / "out" / "report.csv").open(newline="")))
+    shown = table_rows(written.markdown)
+    assert [row["setting"] for row in rows] == list(shown)  # the same rows in the same order
+    by_label = {row["setting"]: row for row in rows}
+    heads, seeds = by_label["model.n_heads=1"], by_label["(as configured)"]
+    assert (float(seeds["val_bleu_mean"]), float(seeds["val_bleu_std"]), seeds["val_bleu_n"]) == (12.0, 8**0.5, "2")
+    assert (float(heads["val_bleu_mean"]), heads["val_bleu_std"], heads["seeds"], heads["h"]) == (20.0, "", "1", "1")
+    assert rows[0]["p_test"] == "" and seeds["p_note"].startswith("the test references are read only from")
+    record = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert [row["val_bleu"] for row in record["rows"]] == [
+        {"mean": 20.0, "std": None, "n": 1},
+        {"mean": 12.0, "std": pytest.approx(8**0.5), "n": 2},
+    ]
+    tex = (tmp_path / "out" / "report.tex").read_text()
+    lines = tex.splitlines()
+    assert lines[0].startswith(r"\begin{tabular}{l") and lines[-1] == r"\end{tabular}"
+    body = [line for line in lines if line.endswith(r"\\")]
+    assert len(body) == 1 + len(rows) and all(line.count(" & ") == len(shown[heads["setting"]]) - 1 for line in body)
+    assert r"12.00 $\pm$ 2.83" in tex and "±" not in tex and "_" not in tex.replace(r"\_", "")
+    if shutil.which("pdflatex"):  # compiled where a TeX is installed
+        (tmp_path / "paper.tex").write_text(
+            "\\documentclass{article}\\usepackage[utf8]{inputenc}\\begin{document}\n"
+            f"\\input{{{tmp_path / 'out' / 'report.tex'}}}\n\\end{{document}}\n"
+        )
+        done = subprocess.run(["pdflatex", "-interaction=nonstopmode", "paper.tex"], cwd=tmp_path, capture_output=True)
+        assert done.returncode == 0, done.stdout[-2000:]
+
+
+def test_each_setting_gets_its_learning_curves_against_steps_minutes_and_flops(
+    smoke_run_dir: Path, tmp_path: Path
+) -> None:
+    """The run logs, at each validation, the tokens trained on so far and the training seconds: the last
+    validation's tokens are all the run's (results.json's train_tokens)."""
+    results = json.loads((smoke_run_dir / RESULTS_FILE).read_text())
+    for seed in (1, 2):
+        folder = copied_run(smoke_run_dir, tmp_path / "runs" / f"seed{seed}", seed)
+        (folder / "csv").mkdir()
+        shutil.copyfile(smoke_run_dir / "csv" / "metrics.csv", folder / "csv" / "metrics.csv")
+    written = write_report([tmp_path / "runs"], tmp_path / "out")
+    (run, *_), *_ = [setting.runs for setting in group_settings(find_runs([tmp_path / "runs"]).runs)]
+    rows = validations(run)
+    assert [row["step"] for row in rows] == [5.0, 11.0]  # the validations while training (metrics.csv's steps)
+    assert 0 < rows[0]["train/tokens"] < rows[1]["train/tokens"] == results["train_tokens"]
+    assert 0 < rows[0]["train/seconds"] < rows[1]["train/seconds"]
+    curves = [path for path in written.plots if path.name.startswith("curves_")]
+    assert [path.name for path in curves] == ["curves_1_as_configured.png"] and curves[0].stat().st_size > 10_000
+    assert "![curves_1_as_configured](curves_1_as_configured.png)" in written.markdown

@@ -19,7 +19,7 @@ from helpers.processes import assert_same_weights, finish, killed, metric_rows, 
 
 pytestmark = pytest.mark.slow
 PHASES = ("train", "validation", "save", "test")
-TIMED = ("tokens_per_s", "mfu")  # columns that measure the machine, not the run
+TIMED = ("tokens_per_s", "mfu", "seconds")  # columns that measure the machine, not the run
 EVERY = 3  # the reference run's checkpoint.every_steps
 
 

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         output = args.out or (first.parent if first.is_file() else first)  # a results.json given: its folder
         written = write_report(args.paths, output, args.data_root)
         print(written.markdown)
-        print(f"written: {output / 'report.md'}" + "".join(f", {p}" for p in written.plots))
+        print(f"written: {output / 'report.md'}" + "".join(f", {p}" for p in [*written.exports, *written.plots]))
         mode, _ = wandb_mode(args.wandb)
         if mode == "online" or args.wandb == "offline":
             if (output / "wandb").is_symlink():  # W&B writes into <out>/wandb: a link would take it elsewhere

@@ -17,10 +17,12 @@ Run folders are shared and copied, so what they hold is read as untrusted data:
 - folders are walked without following links, and a run's stored ``data`` section is only read for the
   test references from the folder the user gives (``data_root``): never a stored folder, download or
   Hugging Face Hub dataset;
-- nothing is written but ``report.md`` and the plots, atomically, into the output folder.
+- nothing is written but ``report.md``, its table as ``report.csv``, ``report.json`` and ``report.tex``,
+  and the plots, atomically, into the output folder.
 
 The modules, in the order a report is made: :mod:`.records` (reading untrusted files and checking their
 fields), :mod:`.runs` (finding and reading runs, and the sweeps' unfinished trials), :mod:`.settings`
 (runs grouped by setting), :mod:`.significance` (paired bootstrap), :mod:`.table` (the table as rows,
-rendered to Markdown), :mod:`.plots` and :mod:`.document` (``report.md`` itself).
+rendered to Markdown), :mod:`.exports` (the table as CSV, JSON and LaTeX), :mod:`.plots` and
+:mod:`.document` (``report.md`` itself).
 """

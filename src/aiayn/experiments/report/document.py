@@ -1,4 +1,5 @@
-"""``report.md`` and the plots of the runs under the folders a user names: what ``aiayn-report`` writes."""
+"""``report.md``, its table as CSV, JSON and LaTeX, and the plots of the runs under the folders a user
+names: what ``aiayn-report`` writes."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.experiments.report.plots import plot
+from aiayn.experiments.report.exports import write_exports
+from aiayn.experiments.report.plots import plot, plot_curves
 from aiayn.experiments.report.runs import CONDITION_NAMES, failed_trials, find_runs
 from aiayn.experiments.report.settings import group_settings, varying
 from aiayn.experiments.report.significance import SIGNIFICANT, significance
@@ -17,16 +19,19 @@ from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed
 
 @dataclass(frozen=True)
 class Report:
-    """What :func:`write_report` wrote: ``report.md``'s text, the table it shows and the plot files."""
+    """What :func:`write_report` wrote: ``report.md``'s text, the table it shows, the table's other formats
+    (:mod:`.exports`) and the plot files."""
 
     markdown: str
     table: Table
     plots: list[Path]
+    exports: list[Path]
 
 
 def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = None) -> Report:
-    """Write ``report.md`` and the plots into ``output`` (nothing else, nowhere else); returns what was
-    written. The test references of the paired tests are read from ``data_root`` only."""
+    """Write ``report.md``, its table as ``report.csv``, ``report.json`` and ``report.tex``, and the plots
+    into ``output`` (nothing else, nowhere else); returns what was written. The test references of the
+    paired tests are read from ``data_root`` only."""
     found = find_runs(paths)
     if not found.runs:
         raise ValueError(f"no finished run (a folder with results.json) under {', '.join(map(str, paths))}")
@@ -35,7 +40,7 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
     if output.exists() and not output.is_dir():
         raise ValueError(f"{output}: not a folder; give --out <folder> for report.md and the plots")
     output.mkdir(parents=True, exist_ok=True)
-    plots = plot(settings, output)
+    plots = plot(settings, output) + plot_curves(settings, output)
     p_values = significance(settings, data_root)
     table = table_of(settings, p_values)
     seed = bootstrap_seed()
@@ -87,5 +92,6 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         text += [f"- {line}" for line in found.skipped]
     text += ["", *(f"![{p.stem}]({p.name})" for p in plots)]
     markdown = "\n".join(text) + "\n"
+    exports = write_exports(table, output)
     atomic_write(output / "report.md", markdown)
-    return Report(markdown, table, plots)
+    return Report(markdown, table, plots, exports)

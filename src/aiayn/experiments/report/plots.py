@@ -1,17 +1,21 @@
 """Plots of validation BLEU and perplexity against what the settings vary (heads, d_k, positional encoding,
-model size), mean and standard deviation over seeds."""
+model size), mean and standard deviation over seeds; and each setting's learning curves: validation BLEU
+and loss against optimizer steps, training minutes and training FLOPs, a line per seed."""
 
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from aiayn.experiments.report.runs import Run
 from aiayn.experiments.report.settings import Setting, ordered
 from aiayn.extras import require
 from aiayn.files import atomic_write
+from aiayn.training.metrics import METRICS_CSV, metric_rows
 
 # What a plot can put on its x axis: (file name part, axis label, Table 3 column or "params").
 AXES = (
@@ -49,14 +53,86 @@ def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str, list[Set
     return chosen
 
 
+# A learning curve's x axes: (title, how a validation's row of metrics.csv and the run's results give it).
+CURVE_AXES = (
+    ("step", lambda row, run: row.get("step")),
+    ("training minutes", lambda row, run: row["train/seconds"] / 60 if "train/seconds" in row else None),
+    # ≈ 6 FLOPs per parameter per token trained on (forward 2, backward 4), as scaling studies count them
+    ("training FLOPs (≈ 6 · params · tokens)", lambda row, run: 6 * run.results["params"] * row["train/tokens"]
+     if "train/tokens" in row else None),
+)  # fmt: skip
+CURVE_METRICS = (("val/bleu", "BLEU (val)"), ("val/loss", "loss (val)"))
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot for files only (no display on a cluster or in CI), or the extra's one-line error."""
+    matplotlib = require("matplotlib", "report", "matplotlib (aiayn-report's plots)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def validations(run: Run) -> list[dict[str, float]]:
+    """The rows of the run's ``metrics.csv`` that hold a validation while training (``val/bleu``, and
+    ``train/tokens`` where the run logged it), each with its finite numbers, in step order; none when the
+    file is missing or unreadable."""
+    rows = []
+    for row in metric_rows(run.folder / METRICS_CSV):
+        numbers = {}
+        for key, text in row.items():
+            try:
+                value = float(text)
+            except ValueError:
+                continue
+            if math.isfinite(value):
+                numbers[key] = value
+        if "val/bleu" in numbers and "step" in numbers:
+            rows.append(numbers)
+    if any("train/tokens" in row for row in rows):  # the others: the evaluated checkpoint's, after training
+        rows = [row for row in rows if "train/tokens" in row]
+    return sorted(rows, key=lambda row: row["step"])
+
+
+def plot_curves(settings: Sequence[Setting], folder: Path) -> list[Path]:
+    """``curves_<n>_<setting>.png`` for each setting whose runs logged validations: validation BLEU and loss
+    against optimizer steps, training minutes and training FLOPs (runs from before ``train/seconds`` and
+    ``train/tokens`` were logged have the steps only), a line per seed. Written atomically."""
+    plt = None
+    written = []
+    for number, setting in enumerate(ordered(settings), start=1):
+        curves = [(run, validations(run)) for run in setting.runs]
+        if not any(rows for _, rows in curves):
+            continue
+        plt = plt or pyplot()
+        figure, panels = plt.subplots(len(CURVE_METRICS), len(CURVE_AXES), figsize=(12, 6), squeeze=False)
+        for (key, heading), row_panels in zip(CURVE_METRICS, panels, strict=True):
+            for (axis, x_of), panel in zip(CURVE_AXES, row_panels, strict=True):
+                for run, rows in curves:
+                    points = [(x_of(row, run), row[key]) for row in rows if key in row]
+                    points = [(x, y) for x, y in points if x is not None]
+                    if points:
+                        xs, ys = [x for x, _ in points], [y for _, y in points]
+                        panel.plot(xs, ys, marker="o", markersize=3, label=f"seed {run.seed}")
+                panel.set_xlabel(axis)
+                panel.set_ylabel(heading)
+                panel.grid(alpha=0.3)
+        panels[0][0].legend(fontsize=8)
+        figure.suptitle(f"{setting.label}: learning curves")
+        figure.tight_layout()
+        slug = re.sub(r"[^A-Za-z0-9.=_-]+", "_", setting.label).strip("_")[:60] or "setting"
+        path = folder / f"curves_{number}_{slug}.png"
+        atomic_write(path, lambda file, figure=figure: figure.savefig(file, format="png", dpi=100))
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
 def plot(settings: Sequence[Setting], folder: Path) -> list[Path]:
     """``bleu_ppl_vs_<axis>.png`` for every axis the settings vary along: validation BLEU and perplexity,
     mean with the standard deviation over seeds as error bars. Written atomically; a link of that name
     in a shared folder is refused, neither followed nor replaced (:func:`~aiayn.files.atomic_write`)."""
-    matplotlib = require("matplotlib", "report", "matplotlib (aiayn-report's plots)")
-    matplotlib.use("Agg")  # files only: no display on a cluster or in CI
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     written = []
     for name, label, column, on_axis in plot_axes(settings):
         figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))

@@ -1,14 +1,19 @@
 """The report's table in Table 3's layout, built once as rows (a header and a row of cells per setting)
-and rendered from them: to Markdown for ``report.md``, and as they are to a W&B table."""
+and rendered from them: to Markdown for ``report.md``, and as they are to a W&B table; beside the cells,
+each row as numbers (:meth:`Table.records`) for ``report.csv``, ``report.json`` and ``report.tex``
+(:mod:`.exports`)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from aiayn.experiments.report.settings import Setting, ordered
 from aiayn.experiments.report.significance import p_cell
 from aiayn.experiments.table3 import COLUMNS, PAPER
+from aiayn.scoring import SIGNIFICANCE_LEVEL
 
 PARTIAL = "‡"  # after a test BLEU of part of the test split (data.eval_limit)
 
@@ -30,6 +35,7 @@ class Table:
 
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
+    records: tuple[dict[str, Any], ...] = ()  # the same rows as numbers (:func:`row_record`)
 
     def markdown(self) -> str:
         lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
@@ -84,4 +90,54 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
             f"{paper.params_millions or PAPER['base'].params_millions:g}" if paper else "",  # blank: as base
         ]
         rows.append(tuple(cells))
-    return Table(tuple(headings), tuple(rows))
+    records = tuple(row_record(setting, base, p_values) for setting in settings)
+    return Table(tuple(headings), tuple(rows), records)
+
+
+def statistic(setting: Setting, key: str) -> dict[str, float | int | None]:
+    """``key`` over the setting's seeds: the mean, the sample standard deviation (None for one run) and
+    how many runs have a value."""
+    values = setting.values(key)
+    return {
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "n": len(values),
+    }
+
+
+def row_record(setting: Setting, base: Setting, p_values: Mapping[str, float | str]) -> dict[str, Any]:
+    """A row of the table as numbers: what a paper's build reads (the cells of :func:`table_of` are
+    rounded text). ``p_test`` is None for the first row and where no test was made (``p_note`` says why);
+    ``paper`` is the paper's row where the setting is one."""
+    p_value = None if setting is base else p_values.get(setting.label, "not tested")
+    paper = PAPER.get(setting.paper_row or "")
+    wall = setting.mean("wall_s")
+    return {
+        "setting": setting.label,
+        "columns": dict(setting.columns),
+        "params": setting.mean("params"),
+        "seeds": len(setting.runs),
+        "steps": setting.mean("steps"),
+        "checkpoint": setting.evaluated(),
+        "answer": setting.answer(),
+        "val_ppl": statistic(setting, "val_ppl"),
+        "val_bleu": statistic(setting, "val_bleu"),
+        "best_val_bleu": statistic(setting, "best_val_bleu"),
+        "test_bleu": statistic(setting, "answer_test_bleu"),
+        "test_sentences": setting.conditions.test_sentences,
+        "partial_test": setting.partial_test,
+        "p_test": p_value if isinstance(p_value, float) else None,
+        "p_note": p_value if isinstance(p_value, str) else None,
+        "significant": p_value < SIGNIFICANCE_LEVEL if isinstance(p_value, float) else None,
+        "minutes": wall / 60 if wall is not None else None,
+        "paper": (
+            {
+                "row": setting.paper_row,
+                "ppl": paper.ppl,
+                "bleu": paper.bleu,
+                "params_millions": paper.params_millions or PAPER["base"].params_millions,
+            }
+            if paper
+            else None
+        ),
+    }

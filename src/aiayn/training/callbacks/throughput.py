@@ -1,4 +1,6 @@
-"""Training speed as the dashboard shows it: real tokens per second and model-FLOPs utilisation."""
+"""Training speed as the dashboard shows it: real tokens per second and model-FLOPs utilisation; and at
+each validation, how much training it follows: the tokens trained on and the seconds it took (the x axes
+of the report's learning curves)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,11 @@ class TokenThroughput(pl.Callback):
     """Logs ``train/tokens_per_s``, real (non-padding) source + target tokens per second of training, and
     ``train/mfu``, model-FLOPs utilisation of the device, when its peak FLOP/s are known.
 
-    Under DDP both are for all ranks together (:func:`~aiayn.training.distributed.summed_over_ranks`).
+    At each validation of a fit, ``train/tokens`` (all ranks' tokens trained on so far) and
+    ``train/seconds`` (the training seconds so far, the ranks' mean), resumed parts included: a learning
+    curve's x axis in tokens, minutes or FLOPs.
+
+    Under DDP both rates are for all ranks together (:func:`~aiayn.training.distributed.summed_over_ranks`).
     Time spent in validation is excluded; data loading between steps is included, since a user waits
     for it. ``tokens`` and ``seconds`` accumulate over this rank's run; ``all_tokens`` and
     ``tokens_per_s`` are all ranks' at the end. ``peak_tflops`` overrides the peak looked up from the
@@ -51,6 +57,13 @@ class TokenThroughput(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        tokens, seconds = summed_over_ranks((float(self.tokens), self.seconds), pl_module.device)
+        pl_module.log("train/tokens", tokens, batch_size=1)
+        pl_module.log("train/seconds", seconds / max(trainer.world_size, 1), batch_size=1)
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
