@@ -7,6 +7,22 @@ The subpackages are layers, from the inside out; each imports only itself and th
 :mod:`aiayn.experiments.report`) and :mod:`aiayn.cli`. The leaves :mod:`aiayn.errors`,
 :mod:`aiayn.extras` (the optional libraries), :mod:`aiayn.files`, :mod:`aiayn.scoring` and
 :mod:`aiayn.machine` serve them all.
+
+From Python: ``aiayn.load(checkpoint)`` (translate, n-best, score), ``aiayn.train(overrides)`` and
+``aiayn.runs(folder)`` (:mod:`aiayn.cli.api`), imported on first use: ``import aiayn`` stays light.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+API = ("load", "train", "runs")
+
+
+def __getattr__(name: str) -> Any:
+    if name in API:
+        from aiayn.cli import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

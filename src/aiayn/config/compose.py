@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -43,16 +44,30 @@ def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
     are filled in from this composition's Hydra state, and the caller's state is put back; the ``hydra``
     node is removed."""
     cfg = compose_config("train", overrides)
-    hydra_state = HydraConfig.instance()
-    earlier = hydra_state.cfg
-    hydra_state.set_config(cfg)
-    try:
+    with hydra_state(cfg):
         with open_dict(cfg):
             del cfg["hydra"]
         OmegaConf.resolve(cfg)
-    finally:
-        hydra_state.cfg = earlier
     return cfg
+
+
+def composed_run_dir(overrides: Sequence[str] = ()) -> Path:
+    """The folder ``aiayn-train <overrides>`` would run in, chosen (and reserved) as its Hydra does."""
+    cfg = compose_config("train", overrides)
+    with hydra_state(cfg):
+        return Path(OmegaConf.select(cfg, "hydra.run.dir"))
+
+
+@contextmanager
+def hydra_state(cfg: DictConfig) -> Iterator[None]:
+    """Hydra's state set to the composed ``cfg`` (``${hydra:...}`` resolves from it), the caller's put back."""
+    state = HydraConfig.instance()
+    earlier = state.cfg
+    state.set_config(cfg)
+    try:
+        yield
+    finally:
+        state.cfg = earlier
 
 
 # conf/train.yaml names these; registered on import, before any entry point composes its config.
