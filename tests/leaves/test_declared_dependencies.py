@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 import aiayn
 from aiayn.extras import HYDRA_PLUGINS
@@ -32,6 +33,7 @@ tomllib = toml_reader()
 
 PACKAGE = Path(aiayn.__file__).resolve().parent
 PYPROJECT = PACKAGE.parents[1] / "pyproject.toml"
+LOCK = PACKAGE.parents[1] / ".ci" / "requirements.lock"
 REQUIRES = ("require", "require_installed")  # aiayn.extras's: (module, extra, what)
 CORE = ""  # the dependencies, among the extras' names
 
@@ -150,6 +152,29 @@ def test_the_extras_all_and_dev_bring_every_extra() -> None:
     features = set(declared()) - {CORE, "all", "dev"}
     assert set().union(*(declared()[e] for e in features - {"bench"})) <= declared()["all"]
     assert set().union(*(declared()[e] for e in features)) <= declared()["dev"]
+
+
+def locked() -> dict[str, Version]:
+    """``.ci/requirements.lock``: each distribution's pinned version."""
+    pins = [line.split("==") for line in LOCK.read_text().splitlines() if line and not line.startswith("#")]
+    return {canonicalize_name(name): Version(version) for name, version in pins}
+
+
+def test_the_ci_lock_pins_what_the_dev_install_brings_within_the_declared_ranges() -> None:
+    """CI installs the locked versions (.ci/run): a dependency added to pyproject.toml without a pin, or a
+    range that excludes its pin, fails here before it changes what CI tests."""
+    lines = [*project()["dependencies"], *(line for extra in project()["optional-dependencies"].values()
+                                            for line in extra)]  # fmt: skip
+    requirements = [Requirement(line) for line in lines if canonicalize_name(Requirement(line).name) != "aiayn"]
+    pins = locked()
+    brought = closure(requirements) - {"torch"}  # torch: pinned by .ci/run itself, the CPU build on disk
+    assert not brought - set(pins), f"not in {LOCK.name}: {sorted(brought - set(pins))}"
+    for requirement in requirements:
+        name = canonicalize_name(requirement.name)
+        if name in pins and (requirement.marker is None or requirement.marker.evaluate()):
+            assert requirement.specifier.contains(pins[name], prereleases=True), (
+                f"{name}=={pins[name]} vs {requirement}"
+            )
 
 
 def closure(requirements: list[Requirement]) -> set[str]:
