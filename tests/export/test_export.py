@@ -597,3 +597,20 @@ def test_bad_engine_settings_and_an_exported_folder_as_a_checkpoint_are_refused(
     with pytest.raises(ValueError, match=r"^quantization=int4 must be one of float32, int8"):
         ExportSettings(exported["ct2"], "ctranslate2", tmp_path / "again", quantization="int4")
     assert not (tmp_path / "again").exists()
+
+
+def test_every_exported_folder_has_a_model_card_the_hub_reads(trained: Path, exported: dict[str, Path]) -> None:
+    """aiayn-export's card shows what the run's results.json says of the exported checkpoint (here the
+    average, tested by its run); exported from the function without scores, the card says they are unknown."""
+    hub = dev_extra("huggingface_hub")
+    results = json.loads((trained.parent.parent / "results.json").read_text())
+    card = hub.ModelCard.load(exported["ct2"] / "README.md")
+    assert (card.data.language, card.data.license, card.data.library_name) == (["en", "de"], "mit", "ctranslate2")
+    assert card.data.datasets == ["multi30k"] and card.data.pipeline_tag == "translation"
+    scores = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert scores == {"bleu": round(results["test_bleu_averaged"], 2), "chrf": round(results["test_chrf_averaged"], 2)}
+    assert results["sacrebleu_signature"] in card.text and f"{results['params']:,} parameters" in card.text
+    assert "Attention Is All You Need" in card.text and "without `</s>`" in card.text
+    unscored = hub.ModelCard.load(exported["hf"] / "README.md")
+    assert unscored.data.library_name == "transformers" and unscored.data.eval_results is None
+    assert "Not recorded" in unscored.text and "MarianMTModel.from_pretrained(folder)" in unscored.text

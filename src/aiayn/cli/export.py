@@ -4,6 +4,8 @@ conf/export.yaml. A model variant the target cannot represent stops it in one li
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
@@ -24,11 +26,13 @@ def main() -> None:
 def run(cfg: DictConfig) -> None:
     # torch: imported by the work, --help starts at once
     from aiayn.config.tool_plans import plan_export, tool_keys
+    from aiayn.experiments.results import checkpoint_scores
     from aiayn.export.checkpoint import export_checkpoint
 
     with reported_as_usage_errors("aiayn-export"), tool_keys():
         settings = plan_export(cfg, HydraConfig.get().overrides.task)
-        export_checkpoint(settings)
+        scores = checkpoint_scores(settings.checkpoint)
+        export_checkpoint(settings, asdict(scores) if scores else None)
     what = "MarianMTModel" if settings.format == "hf" else f"CTranslate2 ({settings.quantization})"
     print(f"exported {settings.checkpoint} as {what} to {settings.output}")
 

@@ -5,8 +5,10 @@ take. Plain data: the report imports it without Lightning."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
+from aiayn.errors import DataError
 from aiayn.training.metrics import EVALUATED_CHECKPOINTS
 
 RESULTS_FILE = "results.json"
@@ -57,3 +59,67 @@ class RunResults:
         for key, value in asdict(self).items():
             flat.update(value if key in ("test", "averaged", "ema", "answer") else {key: value})
         return flat
+
+
+# The tested checkpoints of a run folder besides the evaluated one, and the suffix of their scores' keys.
+TESTED_CHECKPOINTS = {"checkpoints/averaged.ckpt": "_averaged", "checkpoints/ema.ckpt": "_ema"}
+
+
+@dataclass(frozen=True)
+class CheckpointScores:
+    """What a run's ``results.json`` says of one of its checkpoints: its test sacreBLEU and chrF (None when
+    the run did not test it) with sacreBLEU's signature and the test split, and the run's training."""
+
+    bleu: float | None
+    chrf: float | None
+    signature: str | None
+    test_split: str | None
+    test_sentences: int | None
+    params: int
+    steps: int
+    train_tokens: int | None
+    wall_s: float | None
+
+
+def checkpoint_scores(checkpoint: Path) -> CheckpointScores | None:
+    """The scores of ``checkpoint`` (``<run>/checkpoints/<name>.ckpt``) in its run's ``results.json``, read
+    as untrusted (a plain file, each field checked); None for a checkpoint outside a run folder, a run
+    without results, or a file that is not as aiayn-train writes it (a copied or damaged folder)."""
+    from aiayn.experiments.report.records import field_of, is_text, number_in, optional, read_record, whole_in
+
+    if checkpoint.parent.name != "checkpoints" or checkpoint.is_dir():
+        return None
+    path = checkpoint.parent.parent / RESULTS_FILE
+    name = f"checkpoints/{checkpoint.name}"
+    try:
+        results = read_record(path)
+        evaluated = field_of(results, "evaluated_checkpoint", path, lambda v: is_text(v, 4096), "a path", None)
+        suffix = "" if name == evaluated else TESTED_CHECKPOINTS.get(name)
+        score = optional(number_in(0, 100))
+        found = {
+            key: field_of(results, key, path, *check, None)
+            for key, check in {
+                "sacrebleu_signature": (optional(lambda v: is_text(v, 1000)), "a sacreBLEU signature"),
+                "test_split": (optional(lambda v: is_text(v, 200)), "a split's name"),
+                "test_sentences": (optional(whole_in(1, 10**9)), "a number of sentences"),
+                "train_tokens": (optional(whole_in(0, 10**15)), "a number of tokens"),
+                "wall_s": (optional(number_in(0, 1e10)), "seconds"),
+            }.items()
+        }
+        return CheckpointScores(
+            bleu=field_of(results, f"test_bleu{suffix}", path, score, "a BLEU score", None)
+            if suffix is not None
+            else None,
+            chrf=field_of(results, f"test_chrf{suffix}", path, score, "a chrF score", None)
+            if suffix is not None
+            else None,
+            signature=found["sacrebleu_signature"],
+            test_split=found["test_split"],
+            test_sentences=found["test_sentences"],
+            params=field_of(results, "params", path, whole_in(0, 10**13), "a number of parameters"),
+            steps=field_of(results, "steps", path, whole_in(0, 10**12), "a number of steps"),
+            train_tokens=found["train_tokens"],
+            wall_s=found["wall_s"],
+        )
+    except (DataError, FileNotFoundError):
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 from aiayn.errors import FieldError, whole
 from aiayn.export import ctranslate2, marian
 from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
+from aiayn.export.model_card import CARD_FILE, model_card
+from aiayn.extras import require
 from aiayn.model import Transformer
 from aiayn.training.checkpoints import load_checkpoint, model_from_checkpoint
 
@@ -72,9 +75,11 @@ class ExportSettings:
             raise FieldError("quantization", self.quantization, allowed)
 
 
-def export_checkpoint(settings: ExportSettings) -> None:
-    """Write the checkpoint's model as ``settings`` say. A model variant the format cannot represent is a
-    :class:`~aiayn.errors.FieldError` naming the model's setting, raised before anything is written."""
+def export_checkpoint(settings: ExportSettings, scores: Mapping[str, Any] | None = None) -> None:
+    """Write the checkpoint's model as ``settings`` say, with its model card (``README.md``), which shows
+    ``scores``, what its run's ``results.json`` says of it (None: not known). A model variant the format
+    cannot represent is a :class:`~aiayn.errors.FieldError` naming the model's setting, raised before
+    anything is written."""
     path, target = Path(settings.checkpoint), settings.format
     if path.is_dir() and (path / PROVENANCE_FILE).is_file():
         source = read_provenance(path).get("checkpoint")
@@ -84,6 +89,7 @@ def export_checkpoint(settings: ExportSettings) -> None:
         marian.import_transformers()
     else:
         ctranslate2.import_ctranslate2()
+    require("huggingface_hub", "export", "huggingface_hub (the model card of aiayn-export)")
     checkpoint = load_checkpoint(path)
     model, tokenizer, run_config = model_from_checkpoint(checkpoint, path)
     check_exportable(model.cfg, target)
@@ -94,5 +100,6 @@ def export_checkpoint(settings: ExportSettings) -> None:
             marian.save_marian(model, tokenizer, folder, record)
         else:
             ctranslate2.convert(model, tokenizer, folder, settings.quantization, record)
+        (folder / CARD_FILE).write_text(model_card(record, target, scores), encoding="utf-8")
 
     write_folder(settings.output, write)

@@ -10,7 +10,7 @@ takes our layout as it is: the fused Q/K/V projection, our position table, pre-L
 The engine appends EOS to every source itself (``add_source_eos`` in its ``config.json``, as for
 CTranslate2's fairseq and Marian conversions): give it the sentencepiece pieces without ``</s>``. The
 pieces of a Hugging Face tokenizer end in ``</s>``, which the engine would double, and that changes the
-translations; the folder's README.md (:data:`README`) says so where a user looks.
+translations; the folder's README.md, its model card, says so where a user looks (:data:`USAGE`).
 
 :meth:`EngineModel.search` decodes token ids with the engine, with our decoding options (see its
 docstring for what maps to what, and what is refused).
@@ -44,16 +44,13 @@ from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerCon
 
 QUANTIZATIONS = ("float32", "int8", "int8_float16", "int8_float32", "float16", "bfloat16", "int8_bfloat16")
 MODEL_FILE = "model.bin"
-README_FILE = "README.md"
 EOS = "</s>"  # our EOS piece (aiayn.data.tokenizer), the engine's end token
 # EngineModel.search: a sentence ends once PATIENCE × beam size hypotheses have (the engine's default is 1).
 # Beam 4, power penalty, the tiny test model, 400 sentences: the best lines of ours in 395 (α = 0.6) and 394
 # (α = 1) sentences with 1, in all with 2; the 3 best of ours in 344 and 317 with 1, 399 with 2; 1.2-1.6x the time.
 PATIENCE = 2
 NBEST_ALPHA = 1e-6  # |Y|^1e-6 for α = 0 with n-best: under 1e-5 of a score, but no early stop
-README = """# A CTranslate2 model exported by aiayn-export
-
-**Give the engine the source's sentencepiece pieces without `</s>`.** The engine appends `</s>` itself
+USAGE = """**Give the engine the source's sentencepiece pieces without `</s>`.** The engine appends `</s>` itself
 (`"add_source_eos": true` in config.json). The pieces of a Hugging Face tokenizer end in `</s>`, as in
 CTranslate2's guide for Hugging Face Marian models: drop that last `</s>`, or the source ends in two and
 the translations are not the model's (`aiayn-translate` gives the model's).
@@ -175,11 +172,10 @@ def convert(
     model: Transformer, tokenizer: Tokenizer, folder: Path, quantization: str, provenance: dict[str, Any]
 ) -> None:
     """Write a CTranslate2 model folder of ``model`` (weights stored as ``quantization``), with our
-    tokenizer, provenance and a README.md (the source form the engine takes) beside it: what
-    :class:`EngineModel` loads."""
+    tokenizer and provenance beside it: what :class:`EngineModel` loads (aiayn-export adds the model card,
+    whose :data:`USAGE` says which source pieces the engine takes)."""
     write_engine_model(model, vocabulary(tokenizer), folder, quantization)
     write_companions(folder, tokenizer, {**provenance, "quantization": quantization})
-    (folder / README_FILE).write_text(README, encoding="utf-8")
 
 
 def is_engine_folder(path: Path) -> bool:
