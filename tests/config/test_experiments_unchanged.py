@@ -38,6 +38,7 @@ ADDED = {
     "gc_every": 50,  # Python's garbage collection between steps
     "sdpa_backends": ["flash", "efficient", "math"],  # the attention kernels
     "micro_batch_cap": None,  # a cap on micro-batches: none
+    "logger.wandb.artifacts": "none",  # how a run reports: no checkpoints uploaded
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

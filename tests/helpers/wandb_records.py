@@ -37,6 +37,7 @@ class OfflineRun:
     exit_code: int | None = None
     preempting: bool = False  # the run was marked preempting (run.mark_preempting())
     started_ns: int = 0
+    artifacts: list[dict[str, Any]] = field(default_factory=list)  # name, type, aliases, metadata, files
 
     def rows_with(self, key: str) -> list[dict[str, Any]]:
         return [row for row in self.history if key in row]
@@ -102,6 +103,15 @@ def read_offline_run(folder: Path) -> OfflineRun:
             run.exit_code = record.exit.exit_code
         elif kind == "preempting":
             run.preempting = True
+        elif kind == "artifact":
+            artifact = record.artifact
+            run.artifacts.append({
+                "name": artifact.name,
+                "type": artifact.type,
+                "aliases": list(artifact.aliases),
+                "metadata": json.loads(artifact.metadata or "{}"),
+                "files": {entry.path: entry.local_path for entry in artifact.manifest.contents},
+            })  # fmt: skip
     return run
 
 

@@ -50,7 +50,9 @@ def tiny_run(root: Path, cache: Path, *extra: str) -> list[str]:
 def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
     tmp_path: Path, multi30k_root: Path, cache_dir: Path
 ) -> None:
-    overrides = tiny_run(multi30k_root, cache_dir, "dashboard.samples=4", "peak_tflops=0.5", "seed=3")
+    overrides = tiny_run(
+        multi30k_root, cache_dir, "dashboard.samples=4", "peak_tflops=0.5", "seed=3", "logger.wandb.artifacts=answer"
+    )
     cfg = compose_run_config(overrides)
     results = train(cfg, tmp_path, overrides)
 
@@ -103,6 +105,14 @@ def test_an_offline_run_holds_metrics_config_sample_table_and_attention_images(
                 for name in row[f"{key}/filenames"]:
                     assert Image.open(run.folder / "files" / name).size == (row[f"{key}/width"], row[f"{key}/height"])
     assert len(run.media("images")) == 2 * len(KINDS) * 2 * 4  # validations × kinds × layers × heads
+
+    # the answer checkpoint as a version of the folder's model artifact
+    (artifact,) = [artifact for artifact in run.artifacts if artifact["type"] == "model"]  # not the tables'
+    answer = tmp_path / results["answer_checkpoint"]
+    assert (artifact["name"], artifact["type"]) == (f"model-{run.run_id}", "model")
+    assert sorted(artifact["aliases"]) == ["answer", "latest", f"step-{results['steps']}"]
+    assert list(artifact["files"]) == [answer.name] and artifact["metadata"]["answer"] == results["answer"]
+    assert Path(artifact["files"][answer.name]).read_bytes() == answer.read_bytes()  # staged as it was
 
 
 @pytest.mark.slow
@@ -266,6 +276,7 @@ def test_mfu_counts_the_real_tokens_against_the_device_peak() -> None:
         ("progress=loud", "progress=loud is not a progress display; use one of auto, rich, tqdm, quiet"),
         ("dashboard.samples=-1", "dashboard.samples=-1 must be a whole number >= 0"),
         ("logger.wandb.mode=cloud", "logger.wandb.mode=cloud is not a W&B mode; use one of auto, online"),
+        ("logger.wandb.artifacts=best", "logger.wandb.artifacts=best must be none, answer (the run's answer"),
     ],
 )
 def test_bad_dashboard_options_fail_before_training(

@@ -14,6 +14,7 @@ from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.loggers.logger import rank_zero_experiment
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from aiayn.errors import FieldError
 from aiayn.files import WANDB_FOLDERS, refuse_linked_paths
 from aiayn.training.loggers.wandb_identity import (
     RUN_ID_FILE,
@@ -27,6 +28,9 @@ from aiayn.training.loggers.wandb_identity import (
 )
 
 log = logging.getLogger(__name__)
+
+
+ARTIFACTS = ("none", "answer", "all")  # logger.wandb.artifacts: which checkpoints a finished run logs
 
 
 def quiet_unless_asked() -> dict[str, bool]:
@@ -59,8 +63,13 @@ class WandbRunLogger(WandbLogger):
         tags: Sequence[str] = (),
         job_type: str = "train",
         init_timeout: float = 90.0,
+        artifacts: str = "none",
     ) -> None:
         import wandb
+
+        if artifacts not in ARTIFACTS:
+            raise FieldError("artifacts", artifacts, "must be none, answer (the run's answer checkpoint) or all")
+        self.artifacts = artifacts
 
         # Ranks other than 0 never start a run (Lightning hands them a dummy), nor W&B's service, nor
         # read or write the run id.
@@ -158,6 +167,25 @@ class WandbRunLogger(WandbLogger):
             return
         run.log({**metrics, "trainer/global_step": step}, step=step)
 
+    def _log_checkpoints(self, run: Any, summary: dict[str, Any]) -> None:
+        """The run's answer checkpoint (``answer``), or every checkpoint it kept with it (``all``), as a
+        version of the W&B model artifact ``model-<run id>``: the parts of one run folder (resumes,
+        requeues) log versions of one artifact, a lineage, each aliased with its step (and ``answer``)."""
+        import wandb
+
+        answer = Path(summary["answer_checkpoint"])
+        answer = answer if answer.is_absolute() else self.run_dir / answer
+        kept = sorted((self.run_dir / "checkpoints").glob("*.ckpt")) if self.artifacts == "all" else []
+        files = [path for path in dict.fromkeys([answer, *kept]) if path.is_file() and not path.is_symlink()]
+        if not files:
+            log.warning("W&B: no checkpoint to log as an artifact (%s is not a file)", answer)
+            return
+        described = ("answer", "answer_test_bleu", "answer_test_chrf", "steps", "params", "sacrebleu_signature")
+        artifact = wandb.Artifact(f"model-{run.id}", type="model", metadata={k: summary.get(k) for k in described})
+        for path in files:
+            artifact.add_file(str(path), name=path.name)
+        run.log_artifact(artifact, aliases=["latest", "answer", f"step-{summary.get('steps')}"])
+
     @rank_zero_only
     def mark_preempting(self) -> None:
         """Tells W&B that the run stops to be continued (a scheduler's signal; it saved its last checkpoint):
@@ -167,8 +195,9 @@ class WandbRunLogger(WandbLogger):
             self._experiment.mark_preempting()
 
     def finish(self, failed: bool, summary: dict[str, Any] | None = None) -> None:
-        """Adds ``summary`` to the run's summary, ends the run (exit code 1 when ``failed``) and says
-        where it is, or how to upload it. Only rank 0 ever starts a run; elsewhere this does nothing."""
+        """Adds ``summary`` to the run's summary, logs the checkpoints ``artifacts`` asks for (a finished
+        run's), ends the run (exit code 1 when ``failed``) and says where it is, or how to upload it. Only
+        rank 0 ever starts a run; elsewhere this does nothing."""
         run = self._experiment
         if run is None:
             return
@@ -176,6 +205,8 @@ class WandbRunLogger(WandbLogger):
         try:
             if summary:
                 run.summary.update(summary)
+            if summary and not failed and self.artifacts != "none":
+                self._log_checkpoints(run, summary)
         finally:
             run.finish(exit_code=1 if failed else 0)
             # finish() can return before W&B's service has flushed the run's files; shutting the service
