@@ -39,6 +39,7 @@ ADDED = {
     "sdpa_backends": ["flash", "efficient", "math"],  # the attention kernels
     "micro_batch_cap": None,  # a cap on micro-batches: none
     "logger.wandb.artifacts": "none",  # how a run reports: no checkpoints uploaded
+    "decoding.ensemble": "log_prob",  # how an ensemble's members combine: as before (one model: no matter)
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

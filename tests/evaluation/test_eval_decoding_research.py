@@ -114,6 +114,17 @@ def test_an_ensemble_of_one_or_of_two_copies_translates_as_the_single_model(
     assert report["members"][0][1][0] == "copy.ckpt" and report["members"][1][1][0] == "step0000012.ckpt"
     assert str(hyp) in printed
 
+    # fairseq's mean of the probabilities: of two equal distributions, theirs; the n-best say how they combined
+    members, prob = f"checkpoint=[{copy},{step12}]", ["decoding.ensemble=prob", f"output_dir={tmp_path / 'prob'}"]
+    status, _, err = run_eval([members, *greedy, *prob], monkeypatch, capsys)
+    assert status == 0, err
+    (hyp,) = (tmp_path / "prob").glob("*.hyp.txt")
+    assert read_lines(hyp) == greedy_hypotheses and report_in(tmp_path / "prob")["decoding"]["ensemble"] == "prob"
+    status, _, err = run_eval([members, *texts, "decoding=sample", "nbest=2", *prob], monkeypatch, capsys)
+    assert status == 0, err
+    (nbest,) = (tmp_path / "prob").glob("*.nbest.jsonl")
+    assert {json.loads(line)["ensemble"] for line in nbest.read_text().splitlines()} == {"prob"}
+
 
 def test_members_of_another_tokenizer_or_direction_are_refused_in_one_line(
     step12: Path, texts: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture

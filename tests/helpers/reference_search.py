@@ -32,13 +32,18 @@ def recomputing_greedy(model: Transformer, src: torch.Tensor, max_len_offset: in
 
 
 @torch.no_grad()
-def sequence_log_prob(model: Transformer, src_row: torch.Tensor, tokens: list[int]) -> float:
-    """log P(tokens + EOS | source) by teacher forcing."""
+def step_log_probs(model: Transformer, src_row: torch.Tensor, tokens: list[int]) -> torch.Tensor:
+    """log P of each of tokens + EOS given the source and the tokens before it, by teacher forcing."""
     src_row = src_row[src_row.ne(0)][None]
     tgt_in = torch.tensor([[BOS, *tokens]])
     log_probs = model(src_row, tgt_in)[0].float().log_softmax(dim=-1)
     target = torch.tensor([*tokens, EOS])
-    return float(log_probs.gather(1, target[:, None]).sum())
+    return log_probs.gather(1, target[:, None])[:, 0]
+
+
+def sequence_log_prob(model: Transformer, src_row: torch.Tensor, tokens: list[int]) -> float:
+    """log P(tokens + EOS | source) by teacher forcing."""
+    return float(step_log_probs(model, src_row, tokens).sum())
 
 
 def exhaustive_best(
@@ -57,21 +62,35 @@ def exhaustive_best(
     return best
 
 
-def ensemble_log_prob(models: list[Transformer], src_row: torch.Tensor, tokens: list[int]) -> float:
+def ensemble_log_prob(
+    models: list[Transformer], src_row: torch.Tensor, tokens: list[int], mean: str = "log_prob"
+) -> float:
     """An ensemble's log P(tokens + EOS | source): at each step the mean of the models' log-probabilities,
-    so over the sequence the mean of their sequence log-probabilities."""
-    return sum(sequence_log_prob(model, src_row, tokens) for model in models) / len(models)
+    so over the sequence the mean of their sequence log-probabilities; with ``mean="prob"``, at each step
+    the log of the mean of their probabilities, summed over the steps."""
+    if mean == "log_prob":
+        return sum(sequence_log_prob(model, src_row, tokens) for model in models) / len(models)
+    steps = torch.stack([step_log_probs(model, src_row, tokens).double().exp() for model in models])
+    return float(steps.mean(dim=0).log().sum())
 
 
 def exhaustive_ranking(
-    models: list[Transformer], src_row: torch.Tensor, max_len_offset: int, alpha: float, kind: str = "gnmt"
+    models: list[Transformer],
+    src_row: torch.Tensor,
+    max_len_offset: int,
+    alpha: float,
+    kind: str = "gnmt",
+    mean: str = "log_prob",
 ) -> list[tuple[list[int], float]]:
     """Every sequence of allowed tokens up to the length limit with its score, best first."""
     vocab = models[0].cfg.vocab_size
     allowed = [t for t in range(vocab) if t not in (*NEVER, EOS)]
     limit = int(src_row.ne(0).sum()) + max_len_offset
     scored = [
-        (list(tokens), ensemble_log_prob(models, src_row, list(tokens)) / length_penalty(length + 1.0, alpha, kind))
+        (
+            list(tokens),
+            ensemble_log_prob(models, src_row, list(tokens), mean) / length_penalty(length + 1.0, alpha, kind),
+        )
         for length in range(limit + 1)
         for tokens in itertools.product(allowed, repeat=length)
     ]

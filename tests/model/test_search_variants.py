@@ -32,16 +32,20 @@ def sources(vocab: int, lengths: list[int], seed: int = 2) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("alpha", "kind", "members"), [(0.0, "gnmt", 1), (2.0, "gnmt", 1), (1.0, "power", 1), (0.6, "gnmt", 2)]
-)
-def test_a_large_beam_returns_the_exhaustive_k_best_in_order(alpha: float, kind: str, members: int) -> None:
+    ("alpha", "kind", "members", "mean"),
+    [(0.0, "gnmt", 1, "log_prob"), (2.0, "gnmt", 1, "log_prob"), (1.0, "power", 1, "log_prob"),
+     (0.6, "gnmt", 2, "log_prob"), (0.6, "gnmt", 3, "prob")],
+)  # fmt: skip
+def test_a_large_beam_returns_the_exhaustive_k_best_in_order(alpha: float, kind: str, members: int, mean: str) -> None:
+    """Also for an ensemble, whose members combine by their log-probabilities' mean or, as fairseq's, by
+    their probabilities' (the reference sums the log of the mean of the members' step probabilities)."""
     # 3 allowed tokens, at most 3 + 1 of them: every prefix fits in a beam of 96, so the beam reaches all
     models = [random_model(vocab=6, sharpen=4.0, seed=seed) for seed in range(members)]
     src = torch.tensor([[4, 5, 4], [5, 0, 0]])
-    options = DecodingOptions(beam_size=96, alpha=alpha, length_penalty=kind, max_len_offset=1)
+    options = DecodingOptions(beam_size=96, alpha=alpha, length_penalty=kind, max_len_offset=1, ensemble=mean)
     found = nbest_search(models, src, BOS, EOS, options, nbest=5)
     for row, hypotheses in zip(src, found, strict=True):
-        best = exhaustive_ranking(models, row, max_len_offset=1, alpha=alpha, kind=kind)[:5]
+        best = exhaustive_ranking(models, row, max_len_offset=1, alpha=alpha, kind=kind, mean=mean)[:5]
         assert [h.tokens for h in hypotheses] == [tokens for tokens, _ in best]
         assert [h.score for h in hypotheses] == pytest.approx([score for _, score in best], abs=1e-4)
 

@@ -67,7 +67,9 @@ def translate(settings: TranslateSettings) -> None:
             model, tokenizer, decode.decoding, decode.max_tokens, decode.nbest, decode.seed, decode.sdpa_backends
         )
         lines = Utf8Lines(stream, str(source) if source else "<stdin>")
-        blocks = written(translator.translate_blocks(lines, block=settings.buffer_lines), decode.nbest)
+        blocks = written(
+            translator.translate_blocks(lines, block=settings.buffer_lines), decode.nbest, translator.ensemble
+        )
         if target is None:
             sys.stdout.reconfigure(encoding="utf-8")
             for text in blocks:
@@ -103,10 +105,11 @@ class Utf8Lines:
             yield line.rstrip("\r")
 
 
-def written(blocks: Iterable[list[list[Candidate]]], nbest: int) -> Iterator[str]:
+def written(blocks: Iterable[list[list[Candidate]]], nbest: int, ensemble: str | None = None) -> Iterator[str]:
     """The text of each block: a translation per line, or with ``nbest`` > 1 a JSON object per
-    translation (``{"line", "rank", "text", "score", "log_prob"}``; ``line`` counts from 0 in the
-    input, ``rank`` from 1; an empty line has none), in input order."""
+    translation (``{"line", "rank", "text", "score", "log_prob"}``, an ensemble's with how its members
+    combined; ``line`` counts from 0 in the input, ``rank`` from 1; an empty line has none), in input
+    order."""
     from aiayn.evaluation.translator import nbest_jsonl  # the format aiayn-eval nbest= writes too
 
     first = 0
@@ -114,7 +117,7 @@ def written(blocks: Iterable[list[list[Candidate]]], nbest: int) -> Iterator[str
         if nbest == 1:
             yield "".join((found[0].text if found else "") + "\n" for found in block)
         else:
-            yield nbest_jsonl(block, first)
+            yield nbest_jsonl(block, first, ensemble)
         first += len(block)
 
 

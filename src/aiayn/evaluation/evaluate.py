@@ -86,7 +86,7 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     atomic_write(hyp_file, "".join(line + "\n" for line in hypotheses))
     nbest_file = folder / f"{stem}.nbest.jsonl" if nbest > 1 else None
     if nbest_file is not None:
-        atomic_write(nbest_file, nbest_jsonl(found))
+        atomic_write(nbest_file, nbest_jsonl(found, ensemble=translator.ensemble))
     report = {
         **system.described(),
         "backend": system.decoded["backend"],

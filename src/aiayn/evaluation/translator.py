@@ -38,13 +38,15 @@ class Candidate:
     log_prob: float
 
 
-def nbest_jsonl(found: Sequence[Sequence[Candidate]], first_line: int = 0) -> str:
+def nbest_jsonl(found: Sequence[Sequence[Candidate]], first_line: int = 0, ensemble: str | None = None) -> str:
     """The n-best (or sampled) translations of consecutive lines as JSON lines, one object per translation:
     ``{"line", "rank", "text", "score", "log_prob"}``; ``line`` counts from 0 in the input (the first of
-    ``found`` is line ``first_line``), ``rank`` from 1; an empty line has none. ``aiayn-translate nbest=``
-    and ``aiayn-eval nbest=`` write this format."""
+    ``found`` is line ``first_line``), ``rank`` from 1; an empty line has none. An ensemble's say how its
+    members' scores were combined (``"ensemble": "log_prob"`` or ``"prob"``, :attr:`Translator.ensemble`).
+    ``aiayn-translate nbest=`` and ``aiayn-eval nbest=`` write this format."""
+    combined = {"ensemble": ensemble} if ensemble else {}
     return "".join(
-        json.dumps({"line": first_line + i, "rank": rank, **asdict(candidate)}, ensure_ascii=False) + "\n"
+        json.dumps({"line": first_line + i, "rank": rank, **asdict(candidate), **combined}, ensure_ascii=False) + "\n"
         for i, candidates in enumerate(found)
         for rank, candidate in enumerate(candidates, start=1)
     )
@@ -106,6 +108,11 @@ class Translator:
     ) -> Translator:
         model, tokenizer, _ = load_translation_model(path, device=device)
         return cls(model, tokenizer, decoding, max_tokens)
+
+    @property
+    def ensemble(self) -> str | None:
+        """How the members' log-probabilities combine (``decoding.ensemble``); None for one model."""
+        return self.decoding.ensemble if len(self.models) > 1 else None
 
     def translate(self, lines: Sequence[str], first_line: int = 1) -> list[str]:
         """Translations of ``lines`` (the best, or the first sample), in the same order; see :meth:`candidates`."""

@@ -80,7 +80,7 @@ def nbest_search(
     k = options.beam_size
     # With α = 0 the first EOS that is the arg-max can no longer be beaten: one beam is greedy.
     alpha, penalty = (0.0 if k == 1 else options.alpha), options.length_penalty
-    decoder = Ensemble(model)
+    decoder = Ensemble(model, options.ensemble)
     pad_id, device, n_sent = decoder.pad_id, src.device, src.size(0)
     # (B,) tokens allowed before EOS; the decoder's position tables (BOS + tokens) bound them as well.
     max_len = (src.ne(pad_id).sum(dim=1) + options.max_len_offset).clamp(max=decoder.max_positions - 1)

@@ -18,6 +18,7 @@ import torch
 from aiayn.errors import FieldError, is_number, whole
 
 LENGTH_PENALTIES = ("gnmt", "power")
+ENSEMBLE_MEANS = ("log_prob", "prob")  # how an ensemble's members combine at each step
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,8 @@ class DecodingOptions:
     distribution sharpened or flattened by ``temperature`` and cut to the ``top_k`` tokens and the
     ``top_p`` nucleus); the length penalty ``length_penalty`` with exponent ``alpha``; outputs of
     ``min_len`` to source length + ``max_len_offset`` tokens; no n-gram of ``no_repeat_ngram`` tokens
-    twice. The paper's by default (§6.1).
+    twice; an ensemble's members combined by the mean of their log-probabilities (``ensemble``:
+    ``log_prob``) or of their probabilities (``prob``, fairseq's). The paper's by default (§6.1).
 
     Checked once, where it is made; validation, test, the dashboard's samples, ``aiayn-eval`` and
     ``aiayn-translate`` pass it whole.
@@ -42,6 +44,7 @@ class DecodingOptions:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    ensemble: str = "log_prob"
 
     def __post_init__(self) -> None:
         if not whole(self.beam_size, 1):
@@ -66,6 +69,9 @@ class DecodingOptions:
             raise FieldError("top_k", self.top_k, "must be a whole number >= 0 (0: every token)")
         if not is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise FieldError("top_p", self.top_p, "must be a number in (0, 1] (1: every token)")
+        if self.ensemble not in ENSEMBLE_MEANS:
+            allowed = "must be log_prob (the mean of the members' log-probabilities) or prob (of their probabilities)"
+            raise FieldError("ensemble", self.ensemble, allowed)
 
     def check_nbest(self, nbest: int) -> None:
         """``nbest`` translations of each line: the best of the beam (at most its size), or draws."""

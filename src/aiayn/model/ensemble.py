@@ -1,11 +1,13 @@
 """Several models decoding as one: at each step the mean of their log-probabilities (an ensemble of
-checkpoints or of seeds, standard in NMT papers; Marian averages log-probabilities likewise). Each model
+checkpoints or of seeds, standard in NMT papers; Marian averages log-probabilities likewise), or of their
+probabilities (fairseq's). Each model
 reads the source with its own encoder and keeps its own key/value caches; the members share the
 vocabulary (a tokenizer), not their shapes. One model is an ensemble of one, through the same code.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -19,8 +21,9 @@ class Ensemble:
     source, :meth:`log_probs` scores the next token of every row, :meth:`select` keeps and reorders rows
     (beams that survive, sentences that are done)."""
 
-    def __init__(self, models: Transformer | Sequence[Transformer]) -> None:
+    def __init__(self, models: Transformer | Sequence[Transformer], mean: str = "log_prob") -> None:
         self.models = [models] if isinstance(models, Transformer) else list(models)
+        self.mean = mean  # "log_prob" or "prob" (DecodingOptions.ensemble)
         if not self.models:
             raise FieldError("models", [], "must hold at least one model")
         first = self.models[0].cfg
@@ -45,15 +48,20 @@ class Ensemble:
 
     def log_probs(self, tokens: torch.Tensor) -> torch.Tensor:
         """(rows, vocab) float32 log-probabilities of the token after ``tokens`` (rows, t: BOS and the tokens
-        so far), the mean over the models. With caches, only the last token is fed; without, the whole
-        prefix is decoded again (the reference the cached path must equal)."""
-        total: torch.Tensor | None = None
+        so far): the mean over the models of their log-probabilities, or with ``mean="prob"`` the log of
+        the mean of their probabilities (fairseq's ensembles). With caches, only the last token is fed;
+        without, the whole prefix is decoded again (the reference the cached path must equal)."""
+        members = []
         for model, memory, padding, state in zip(self.models, self.memories, self.paddings, self.states, strict=True):
             step_input = tokens[:, -1:] if state is not None else tokens
-            log_probs = model.decode(step_input, memory, padding, state, last_only=True)[:, -1].float().log_softmax(-1)
-            total = log_probs if total is None else total + log_probs
-        assert total is not None
-        return total if len(self.models) == 1 else total / len(self.models)
+            logits = model.decode(step_input, memory, padding, state, last_only=True)[:, -1]
+            members.append(logits.float().log_softmax(-1))
+        if len(members) == 1:
+            return members[0]
+        stacked = torch.stack(members)
+        if self.mean == "prob":
+            return torch.logsumexp(stacked, dim=0) - math.log(len(members))
+        return stacked.mean(dim=0)
 
     def select(self, rows: torch.Tensor, cross: bool = True) -> None:
         """Keep (and reorder) the batch rows ``rows``. ``cross=False``: the rows only moved within their

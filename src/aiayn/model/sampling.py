@@ -97,7 +97,7 @@ def sample(
     """
     if not whole(n, 1):
         raise FieldError("nbest", n, "must be a whole number of samples >= 1")
-    decoder = Ensemble(model)
+    decoder = Ensemble(model, options.ensemble)
     device, n_sent = src.device, src.size(0)
     max_len = (src.ne(decoder.pad_id).sum(dim=1) + options.max_len_offset).clamp(max=decoder.max_positions - 1)
     decoder.start(src, copies=n)
