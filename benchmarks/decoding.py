@@ -14,7 +14,9 @@ its own batching of equal-length groups or of 8192 source tokens; printed are se
 ours, sacreBLEU and the share of lines identical to ours.
 Needs the `bench` extra (`pip install -e ".[bench]"`: `transformers` and `ctranslate2`).
 With `--ensemble`, also an ensemble of two models of that size (the mean of their log-probabilities at
-each step; each with its own caches): its cost against one model.
+each step; each with its own caches): its cost against one model. With `--checkpoint` and `--mbr`, also
+minimum Bayes risk decoding as `decoding=mbr` makes it (beam 8's 8 best and 8 draws, chrF): its cost per
+sentence against the beam, and its sacreBLEU.
 Usage: python benchmarks/decoding.py [--sentences 128] [--src-len 16] [--out-len 24] [--rounds 3] [--ensemble]
        python benchmarks/decoding.py --checkpoint <run>/checkpoints/averaged.ckpt \
            --source <multi30k>/test_2016_flickr.en.gz --reference <multi30k>/test_2016_flickr.de.gz
@@ -114,6 +116,9 @@ def real_text(args: argparse.Namespace) -> None:
     for compute_type in ("float32", "int8"):
         engine = engine_of(model, tokenizer, {}, compute_type=compute_type)
         translators[f"ctranslate2 {compute_type}"] = Translator(engine, tokenizer, options).translate
+    if args.mbr:  # decoding=mbr's settings
+        mbr = replace(PAPER_DECODING, beam_size=8, mbr="chrf", mbr_samples=8)
+        translators["aiayn mbr chrf (8 best + 8 draws)"] = Translator(model, tokenizer, mbr).translate
     outputs: dict[str, list[str]] = {}
 
     def contestant(name: str) -> Callable[[], None]:
@@ -159,6 +164,7 @@ def main() -> None:
     parser.add_argument("--ensemble", action="store_true", help="random weights: also an ensemble of two models")
     parser.add_argument("--checkpoint", type=Path, help="a trained checkpoint: race on real translations")
     parser.add_argument("--source", type=Path, help="with --checkpoint: the sentences to translate")
+    parser.add_argument("--mbr", action="store_true", help="with --checkpoint: also decoding=mbr")
     parser.add_argument("--reference", type=Path, help="with --checkpoint: their references, for sacreBLEU")
     args = parser.parse_args()
     if args.checkpoint:

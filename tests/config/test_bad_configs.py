@@ -68,6 +68,7 @@ BAD_CONFIGS = [
     (["callbacks=[{{_target_:collections.OrderedDict}}]"], "callbacks", "OrderedDict"),  # not a Lightning callback
     (["trainer.precision=bf17"], "trainer.precision", "bf17"),
     (["cpu_bf16=yes"], "cpu_bf16", "yes"),  # hardware=cpu's choice of bf16 autocast
+    (["decoding=mbr"], "decoding.mbr", "chrf"),  # aiayn-eval's and aiayn-translate's: a run tests with its search
     (["trainer.max_steps=0"], "trainer.max_steps", "0"),
     (["trainer.accumulate_grad_batches=0"], "trainer.accumulate_grad_batches", "0"),
     (["trainer.val_check_interval=0"], "trainer.val_check_interval", "0"),

@@ -40,6 +40,9 @@ ADDED = {
     "micro_batch_cap": None,  # a cap on micro-batches: none
     "logger.wandb.artifacts": "none",  # how a run reports: no checkpoints uploaded
     "decoding.ensemble": "log_prob",  # how an ensemble's members combine: as before (one model: no matter)
+    "decoding.mbr": None,  # no minimum Bayes risk decoding (a run cannot have it: aiayn-eval's)
+    "decoding.mbr_nbest": None,
+    "decoding.mbr_samples": 0,
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}

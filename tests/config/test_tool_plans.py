@@ -12,7 +12,7 @@ from aiayn.config.settings import top_level_settings
 from aiayn.config.tool_plans import TOOL_KEYS, plan_eval, plan_export, plan_translate, tool_keys
 from aiayn.errors import ConfigError
 from aiayn.export.folder import check_decoding, check_exportable
-from aiayn.model import PAPER_DECODING, TransformerConfig
+from aiayn.model import PAPER_DECODING, DecodingOptions, TransformerConfig
 
 
 @pytest.mark.parametrize("command", ["eval", "translate", "export"])
@@ -58,6 +58,8 @@ def test_what_the_work_refuses_later_is_named_by_its_key_too() -> None:
         tool_keys(),
     ):
         check_decoding(PAPER_DECODING, 1, "CTranslate2")
+    with pytest.raises(ConfigError, match=r"^decoding\.mbr=chrf is not decoded through CTranslate2"), tool_keys():
+        check_decoding(DecodingOptions(mbr="chrf"), 1, "CTranslate2")
     rope = TransformerConfig(vocab_size=50, d_model=32, n_heads=4, positional="rope")
     with pytest.raises(ConfigError, match=r"^model\.positional=rope cannot be exported to format=hf"), tool_keys():
         check_exportable(rope, "hf")

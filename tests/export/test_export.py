@@ -503,11 +503,17 @@ def test_the_decoding_benchmark_races_the_engines_on_real_translations(
     """benchmarks/decoding.py in this process (``runpy``), as ``python benchmarks/decoding.py`` runs it."""
     script = REPO / "benchmarks" / "decoding.py"
     argv = [str(script), "--checkpoint", str(trained), "--source", str(corpus_root / "val.en"),
-            "--reference", str(corpus_root / "val.de"), "--sentences", "20", "--rounds", "1"]  # fmt: skip
+            "--reference", str(corpus_root / "val.de"), "--sentences", "20", "--rounds", "1", "--mbr"]  # fmt: skip
     monkeypatch.setattr(sys, "argv", argv)
     runpy.run_path(str(script), run_name="__main__")
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    names = {"aiayn", "transformers generate", "ctranslate2 float32", "ctranslate2 int8"}
+    names = {
+        "aiayn",
+        "transformers generate",
+        "ctranslate2 float32",
+        "ctranslate2 int8",
+        "aiayn mbr chrf (8 best + 8 draws)",
+    }
     assert set(result["sentences_per_s"]) == names and result["speedup"]["aiayn"] == 1.0
     # beam 4 with α = 0.6: the engines may pick another hypothesis of a few sentences (see the test above)
     assert result["same_as_aiayn"]["ctranslate2 float32"] >= 0.9

@@ -215,6 +215,10 @@ def module_settings(cfg: DictConfig) -> ModuleSettings:
         )
     decoding = decoding_options(cfg.decoding)
     optim, val_decoding = optim_settings(cfg.optim), validation_decoding(cfg.val_decoding)
+    for section, options in (("decoding", decoding), ("val_decoding", val_decoding)):
+        if options.mbr:
+            allowed = "is for aiayn-eval and aiayn-translate: a run validates and tests with its search; set it there"
+            raise ConfigError(f"{section}.mbr", options.mbr, allowed)
     return ModuleSettings(model, optim, decoding, compile, val_decoding, packed)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ import torch
 
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import CheckpointError, FieldError, show, whole
+from aiayn.evaluation.mbr import mbr_ranked
 from aiayn.export.ctranslate2 import EngineModel, engine_of, import_ctranslate2, is_engine_folder
 from aiayn.model import (
     DEFAULT_SDPA_BACKENDS,
@@ -148,6 +149,8 @@ class Translator:
             for i, hypotheses in zip(batch, found, strict=True):
                 texts = self.tokenizer.decode([hypothesis.tokens for hypothesis in hypotheses])
                 outputs[i] = [Candidate(t, h.score, h.log_prob) for t, h in zip(texts, hypotheses, strict=True)]
+                if self.decoding.mbr:  # the candidates by expected utility (aiayn.evaluation.mbr)
+                    outputs[i] = mbr_ranked(outputs[i], self.decoding.mbr)[: self.nbest]
         return outputs
 
     def translate_blocks(self, lines: Iterable[str], block: int = 1000) -> Iterator[list[list[Candidate]]]:
@@ -174,14 +177,23 @@ class Translator:
 
     def search_ids(self, rows: list[list[int]], numbers: list[int]) -> list[list[Hypothesis]]:
         """The ``nbest`` hypotheses of each source (ids without EOS; ``numbers``: the lines' places in the
-        input, 0 first), by our search or the engine's."""
+        input, 0 first), by our search or the engine's; with ``decoding.mbr``, every MBR candidate (the
+        beam's ``mbr_nbest`` best, then ``mbr_samples`` draws)."""
         if isinstance(self.model, EngineModel):
             return self.model.search(rows, self.decoding, self.nbest, self.seed)
-        tokenizer, sentences = self.tokenizer, torch.tensor(numbers, dtype=torch.long)
-        src = self._source_tensor(rows)
-        return search(
-            self.model, src, tokenizer.bos_id, tokenizer.eos_id, self.decoding, self.nbest, self.seed, sentences
-        )
+        bos, eos, sentences = self.tokenizer.bos_id, self.tokenizer.eos_id, torch.tensor(numbers, dtype=torch.long)
+        src, options = self._source_tensor(rows), self.decoding
+        if not options.mbr:
+            return search(self.model, src, bos, eos, options, self.nbest, self.seed, sentences)
+        plain = replace(options, mbr=None)
+        drawn = replace(plain, sample=True, beam_size=1)
+        found: list[list[Hypothesis]] = [[] for _ in rows]
+        for how, count in ((plain, options.mbr_beam), (drawn, options.mbr_samples)):
+            if count:
+                made = search(self.model, src, bos, eos, how, count, self.seed, sentences)
+                for candidates, more in zip(found, made, strict=True):
+                    candidates.extend(more)
+        return found
 
     def _source_tensor(self, rows: list[list[int]]) -> torch.Tensor:
         """Source ids + EOS, right-padded, as the training batches are (see ``data.dataset.Collator``)."""

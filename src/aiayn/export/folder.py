@@ -62,6 +62,8 @@ def check_decoding(options: DecodingOptions, nbest: int, engine: str) -> None:
     cannot run as our search does: GNMT's length penalty with α > 0 (theirs is ``power``, log P / |Y|^α)
     and sampling (their draws depend on the batch, and for CTranslate2 on its threads, not only on
     ``seed`` and the sentence as ours, :mod:`aiayn.model.sampling`); ``nbest`` beyond the beam."""
+    if options.mbr:
+        raise FieldError("mbr", options.mbr, f"is not decoded through {engine}: MBR decoding runs with backend=aiayn")
     if options.sample:
         raise FieldError(
             "sample", True, f"is not reproducible through {engine} (its draws depend on the batch, "

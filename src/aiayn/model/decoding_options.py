@@ -19,6 +19,7 @@ from aiayn.errors import FieldError, is_number, whole
 
 LENGTH_PENALTIES = ("gnmt", "power")
 ENSEMBLE_MEANS = ("log_prob", "prob")  # how an ensemble's members combine at each step
+MBR_UTILITIES = ("chrf", "bleu")  # minimum Bayes risk decoding's utilities (sacreBLEU's sentence scores)
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,10 @@ class DecodingOptions:
     ``top_p`` nucleus); the length penalty ``length_penalty`` with exponent ``alpha``; outputs of
     ``min_len`` to source length + ``max_len_offset`` tokens; no n-gram of ``no_repeat_ngram`` tokens
     twice; an ensemble's members combined by the mean of their log-probabilities (``ensemble``:
-    ``log_prob``) or of their probabilities (``prob``, fairseq's). The paper's by default (§6.1).
+    ``log_prob``) or of their probabilities (``prob``, fairseq's). With ``mbr`` (a utility: ``chrf`` or
+    ``bleu``), minimum Bayes risk decoding: the translation is the candidate with the highest mean utility
+    against all candidates, the beam's ``mbr_nbest`` best and ``mbr_samples`` draws
+    (:mod:`aiayn.evaluation.mbr`; the search here makes the candidates). The paper's by default (§6.1).
 
     Checked once, where it is made; validation, test, the dashboard's samples, ``aiayn-eval`` and
     ``aiayn-translate`` pass it whole.
@@ -45,6 +49,9 @@ class DecodingOptions:
     top_k: int = 0
     top_p: float = 1.0
     ensemble: str = "log_prob"
+    mbr: str | None = None
+    mbr_nbest: int | None = None  # None: the whole beam
+    mbr_samples: int = 0
 
     def __post_init__(self) -> None:
         if not whole(self.beam_size, 1):
@@ -72,12 +79,36 @@ class DecodingOptions:
         if self.ensemble not in ENSEMBLE_MEANS:
             allowed = "must be log_prob (the mean of the members' log-probabilities) or prob (of their probabilities)"
             raise FieldError("ensemble", self.ensemble, allowed)
+        if self.mbr is not None:
+            self._check_mbr()
+
+    def _check_mbr(self) -> None:
+        """Minimum Bayes risk decoding's settings: a utility, and candidates from the beam and/or draws."""
+        if self.mbr not in MBR_UTILITIES:
+            raise FieldError("mbr", self.mbr, "must be chrf or bleu (the utility), or null: no MBR")
+        if self.sample:
+            raise FieldError("sample", True, "with {mbr}: MBR draws its own candidates, {mbr_samples}=N of them")
+        if self.mbr_nbest is not None and (not whole(self.mbr_nbest, 0) or self.mbr_nbest > self.beam_size):
+            allowed = f"must be a whole number from 0 to the beam size ({self.beam_size}): the beam's candidates"
+            raise FieldError("mbr_nbest", self.mbr_nbest, allowed)
+        if not whole(self.mbr_samples, 0):
+            raise FieldError("mbr_samples", self.mbr_samples, "must be a whole number of sampled candidates >= 0")
+        if self.mbr_beam + self.mbr_samples < 1:
+            raise FieldError("mbr_samples", self.mbr_samples, "must be >= 1 with {mbr_nbest}=0: MBR needs candidates")
 
     def check_nbest(self, nbest: int) -> None:
-        """``nbest`` translations of each line: the best of the beam (at most its size), or draws."""
+        """``nbest`` translations of each line: the best of the beam (at most its size), or draws, or the
+        MBR candidates with the highest expected utility (at most as many as there are)."""
+        if self.mbr is not None and whole(nbest, 1) and nbest <= self.mbr_beam + self.mbr_samples:
+            return
         if not whole(nbest, 1) or (not self.sample and nbest > self.beam_size):
             allowed = f"must be a whole number from 1 to the beam size ({self.beam_size}), or any number of samples"
             raise FieldError("nbest", nbest, f"{allowed} with decoding=sample")
+
+    @property
+    def mbr_beam(self) -> int:
+        """How many of the beam's best are MBR candidates: ``mbr_nbest``, or the whole beam."""
+        return self.beam_size if self.mbr_nbest is None else self.mbr_nbest
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
