@@ -17,25 +17,7 @@ from aiayn.errors import ConfigError
 from aiayn.evaluation.mbr import mbr_ranked
 from aiayn.evaluation.translator import Candidate, Translator
 from aiayn.model import DecodingOptions, Transformer, TransformerConfig
-
-WORDS = [
-    "a",
-    "man",
-    "woman",
-    "dog",
-    "runs",
-    "walks",
-    "in",
-    "the",
-    "park",
-    "street",
-    "with",
-    "red",
-    "blue",
-    "ball",
-    "near",
-    "house",
-]
+from helpers.word_corpus import WORDS, word_tokenizer
 
 
 def brute_force(texts: list[str], utility: str) -> list[tuple[str, float]]:
@@ -68,9 +50,7 @@ def test_the_ranking_is_the_definitions(utility: str, seed: int) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    rng = random.Random(0)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(300)]
-    return Tokenizer.train(lines, 60, tmp_path_factory.mktemp("spm") / "spm.model")
+    return word_tokenizer(tmp_path_factory.mktemp("spm"))
 
 
 def test_the_translator_picks_among_the_beams_best_and_its_draws(tokenizer: Tokenizer) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
@@ -11,32 +9,12 @@ from aiayn.config.build import decoding_options
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.evaluation.translator import Translator
 from aiayn.model import Transformer, TransformerConfig
-
-WORDS = [
-    "a",
-    "man",
-    "woman",
-    "dog",
-    "runs",
-    "walks",
-    "in",
-    "the",
-    "park",
-    "street",
-    "with",
-    "red",
-    "blue",
-    "ball",
-    "near",
-    "house",
-]
+from helpers.word_corpus import word_lines, word_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    rng = random.Random(0)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(300)]
-    return Tokenizer.train(lines, 60, tmp_path_factory.mktemp("spm") / "spm.model")
+    return word_tokenizer(tmp_path_factory.mktemp("spm"))
 
 
 def random_translator(tokenizer: Tokenizer, max_tokens: int = 8192, **decoding: int | float) -> Translator:
@@ -49,8 +27,7 @@ def random_translator(tokenizer: Tokenizer, max_tokens: int = 8192, **decoding: 
 
 
 def test_batches_of_any_size_give_the_same_translations_in_input_order(tokenizer: Tokenizer) -> None:
-    rng = random.Random(1)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 15))) for _ in range(25)]
+    lines = word_lines(25, seed=1, shortest=1, longest=15)
     lines[3] = ""
     lines[17] = "   "
     one_batch = random_translator(tokenizer, max_tokens=100_000, max_len_offset=4).translate(lines)
