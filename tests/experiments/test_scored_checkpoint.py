@@ -12,6 +12,8 @@ import pytest
 import torch
 
 from aiayn.config.compose import compose_run_config
+from aiayn.experiments.run import run_answer
+from aiayn.training.checkpoint_policy import CheckpointPolicy
 from helpers.runs import REPO, train_in_process
 
 
@@ -37,6 +39,8 @@ def test_the_final_step_is_a_step_checkpoint_and_final_scores_the_last_model(
         results["test_bleu_averaged"], results["test_chrf_averaged"]
     )  # fmt: skip
     assert sorted(validations(run_dir)) == [4, 8, 11]  # 11 is not a multiple of 4: validated all the same
+    # the averaged and EMA checkpoints are validated too, for checkpoint.answer=by_validation, unlogged
+    assert 0 <= results["val_bleu_averaged"] <= 100 and 0 <= results["val_bleu_ema"] <= 100
     assert results["averaged_checkpoints"] == ["step0000004.ckpt", "step0000008.ckpt", "step0000011.ckpt"]
     assert results["evaluated"] == "final" and results["evaluated_checkpoint"] == "checkpoints/last.ckpt"
     final = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -53,3 +57,19 @@ def test_table3_rows_score_the_final_checkpoint_and_other_runs_the_best() -> Non
         assert compose_run_config([f"experiment=table3/{row}"]).checkpoint.evaluate == "final", row
     assert compose_run_config(["experiment=paper/base_wmt14_en_de"]).checkpoint.evaluate == "best"
     assert compose_run_config([]).checkpoint.evaluate == "best"
+
+
+def test_by_validation_answers_with_the_tested_checkpoint_of_the_best_validation_bleu() -> None:
+    """The test scores are reported, never read to choose: the EMA's test BLEU of 50 does not win."""
+    policy = CheckpointPolicy("val/bleu", "max", 3, 3, "best", None, None, answer="by_validation")
+    test = {"test_bleu": 10.0, "test_chrf": 30.0}
+    averaged = {"test_bleu_averaged": 12.0, "test_chrf_averaged": 31.0, "val_bleu_averaged": 20.0}
+    ema = {"test_bleu_ema": 50.0, "test_chrf_ema": 60.0, "val_bleu_ema": 19.0}
+    answer = run_answer(policy, "checkpoints/best.ckpt", 18.0, test, averaged, ema)
+    assert answer == {"answer": "averaged", "answer_checkpoint": "checkpoints/averaged.ckpt",
+                      "answer_test_bleu": 12.0, "answer_test_chrf": 31.0}  # fmt: skip
+    assert run_answer(policy, "checkpoints/best.ckpt", 21.0, test, averaged, ema)["answer"] == "best"
+    assert run_answer(policy, "checkpoints/best.ckpt", 19.0, test, {}, ema)["answer"] == "best"  # a tie: evaluated
+    assert (
+        run_answer(policy, "checkpoints/last.ckpt", 1.0, test, {}, ema)["answer_checkpoint"] == "checkpoints/ema.ckpt"
+    )

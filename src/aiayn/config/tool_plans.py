@@ -61,13 +61,13 @@ def plan_eval(cfg: DictConfig, overrides: Iterable[str] = ()) -> EvalSettings:
     with tool_keys():
         decode = decode_settings(cfg)
         grid = tuning_grid(plain(cfg.tune), decode.decoding)
-        paths = {key: optional_text(cfg, key) for key in ("split", "source", "reference", "data.root", "data.hub")}
+        text = {key: optional_text(cfg, key) for key in ("split", "source", "reference", "data.root", "data.hub")}
         texts = Texts(
-            split=paths["split"] or (TUNE_SPLIT if grid else "test"),
-            source=Path(paths["source"]).expanduser() if paths["source"] else None,
-            reference=Path(paths["reference"]).expanduser() if paths["reference"] else None,
-            data_root=paths["data.root"],
-            data_hub=paths["data.hub"],
+            split=text["split"] or (TUNE_SPLIT if grid else "test"),
+            source=Path(text["source"]).expanduser() if text["source"] else None,
+            reference=Path(text["reference"]).expanduser() if text["reference"] else None,
+            data_root=text["data.root"],
+            data_hub=text["data.hub"],
         )
         compare = compared_paths(plain(cfg.compare))
         output_dir = optional_text(cfg, "output_dir")

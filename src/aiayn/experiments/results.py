@@ -41,8 +41,8 @@ class RunResults:
     best_checkpoint: str
     resumed_from: str | None
     test: dict[str, Any]  # test_bleu, test_chrf, test_ppl, test_split, test_sentences, sacrebleu_signature
-    averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, averaged_checkpoints
-    ema: dict[str, Any]  # test_bleu_ema, test_chrf_ema (aiayn.training.callbacks.ema)
+    averaged: dict[str, Any]  # test_bleu_averaged, test_chrf_averaged, val_bleu_averaged, averaged_checkpoints
+    ema: dict[str, Any]  # test_bleu_ema, test_chrf_ema, val_bleu_ema (aiayn.training.callbacks.ema)
     answer: dict[str, Any]  # answer (checkpoint.answer, resolved), answer_checkpoint, answer_test_bleu, _chrf
     batch: dict[str, Any]  # the effective batch (aiayn.training.batching)
     data: dict[str, int]  # pairs kept and dropped, by reason (aiayn.data.datamodule)

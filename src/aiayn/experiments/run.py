@@ -156,6 +156,7 @@ def collect_results(
     test = test_checkpoint(trainer, module, data, evaluated, run_dir)
     averaged = test_averaged(trainer, module, data, run_dir, plan.checkpoint.average_last)
     ema = test_ema(trainer, module, data, run_dir, run)
+    answer = run_answer(plan.checkpoint, in_run(evaluated, run_dir), val["val/bleu"], test, averaged, ema)
     return RunResults(
         params=count_parameters(module.model),
         val_bleu=val["val/bleu"],
@@ -184,23 +185,35 @@ def collect_results(
         test=test,
         averaged=averaged,
         ema=ema,
-        answer=run_answer(plan.checkpoint, in_run(evaluated, run_dir), test, averaged, ema),
+        answer=answer,
     ).to_dict()
 
 
 def run_answer(
-    policy: CheckpointPolicy, evaluated: str, test: dict[str, Any], averaged: dict[str, Any], ema: dict[str, Any]
+    policy: CheckpointPolicy,
+    evaluated: str,
+    val_bleu: float,
+    test: dict[str, Any],
+    averaged: dict[str, Any],
+    ema: dict[str, Any],
 ) -> dict[str, Any]:
     """The run's answer (``checkpoint.answer``): which tested checkpoint it is and its test scores (None
     without a test split). A run too short to average (fewer than two step checkpoints) answers with
-    the evaluated checkpoint, and says so."""
+    the evaluated checkpoint, and says so. ``by_validation``: of the tested checkpoints, the one with the
+    highest validation BLEU (``val_bleu``: the evaluated one's), the first of equal ones in the order
+    evaluated, averaged, EMA."""
     name, checkpoint, scores = policy.evaluate, evaluated, (test.get("test_bleu"), test.get("test_chrf"))
-    if policy.answer == "averaged" and averaged:
+    wanted = policy.answer
+    if wanted == "by_validation":
+        validated = {"evaluated": val_bleu, "averaged": averaged.get("val_bleu_averaged")}
+        validated["ema"] = ema.get("val_bleu_ema")
+        wanted = max((kind for kind in validated if validated[kind] is not None), key=lambda kind: validated[kind])
+    if wanted == "averaged" and averaged:
         name, checkpoint = "averaged", "checkpoints/averaged.ckpt"
         scores = (averaged["test_bleu_averaged"], averaged["test_chrf_averaged"])
-    elif policy.answer == "averaged" and test:
+    elif wanted == "averaged" and test:
         log.warning("checkpoint.answer=averaged: fewer than two step checkpoints to average; the answer is %s", name)
-    elif policy.answer == "ema":
+    elif wanted == "ema":
         name, checkpoint = "ema", "checkpoints/ema.ckpt"
         scores = (ema.get("test_bleu_ema"), ema.get("test_chrf_ema"))
     bleu, chrf = scores
@@ -339,6 +352,7 @@ def test_averaged(
     return {
         "test_bleu_averaged": scores["sacrebleu"],
         "test_chrf_averaged": scores["chrf"],
+        "val_bleu_averaged": validated_bleu(trainer, module, datamodule, averaged),
         "averaged_checkpoints": [source.name for source in sources],
     }
 
@@ -358,7 +372,23 @@ def test_ema(
     if "test" not in datamodule.roles:
         return {}
     _, scores = test_and_score(trainer, module, datamodule, path, run_dir / TEST_TRANSLATIONS["ema"])
-    return {"test_bleu_ema": scores["sacrebleu"], "test_chrf_ema": scores["chrf"]}
+    return {
+        "test_bleu_ema": scores["sacrebleu"],
+        "test_chrf_ema": scores["chrf"],
+        "val_bleu_ema": validated_bleu(trainer, module, datamodule, path),
+    }
+
+
+def validated_bleu(
+    trainer: pl.Trainer, module: TranslationModule, datamodule: TranslationDataModule, checkpoint: Path
+) -> float:
+    """The validation BLEU of ``checkpoint``, not logged: the dashboards' final ``val/*`` stay the
+    evaluated checkpoint's, and ``checkpoint.answer=by_validation`` compares it with this."""
+    loggers, trainer.loggers = trainer.loggers, []
+    try:
+        return float(validate_checkpoint(trainer, module, datamodule, checkpoint)["val/bleu"])
+    finally:
+        trainer.loggers = loggers
 
 
 def test_and_score(

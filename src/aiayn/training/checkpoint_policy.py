@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from aiayn.errors import FieldError, whole
 from aiayn.training.metrics import EVALUATED_CHECKPOINTS, EVALUATION_METRICS
 
-ANSWER_SETTINGS = ("evaluated", "averaged", "ema")  # the answer to give (results.json names the one given)
+# The answer to give (results.json names the one given): a tested checkpoint, or by_validation: of those
+# tested, the one with the best validation BLEU (the test split is read to report, never to choose).
+ANSWER_SETTINGS = ("evaluated", "averaged", "ema", "by_validation")
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,10 @@ class CheckpointPolicy:
         if self.evaluate not in EVALUATED_CHECKPOINTS:
             raise FieldError("evaluate", self.evaluate, "must be best (by {monitor}) or final (the last step)")
         if self.answer not in ANSWER_SETTINGS:
-            allowed = "must be evaluated ({evaluate}'s), averaged ({average_last}'s) or ema ({decay}'s)"
+            allowed = (
+                "must be evaluated ({evaluate}'s), averaged ({average_last}'s), ema ({decay}'s) or by_validation "
+                "(of those tested, the best by validation BLEU)"
+            )
             raise FieldError("answer", self.answer, allowed)
         if self.mode not in ("min", "max"):
             raise FieldError("mode", self.mode, "must be max (val/bleu) or min (val/loss, val/nll, val/ppl)")
