@@ -124,7 +124,7 @@ def test_eval_page_lists_its_required_checkpoint_and_only_its_groups(ran: Ran) -
     required = " ".join(line.strip() for line in section(text, "Required:"))
     assert required.startswith("checkpoint ")
     assert "a .ckpt written by aiayn-train or aiayn-average, or a folder of aiayn-export format=ctranslate2" in required
-    assert groups(text) == {"decoding": ["greedy", "paper", "sample", "tuned"]}
+    assert groups(text) == {"decoding": ["greedy", "mbr", "paper", "sample", "tuned"]}
     assert re.search(r"^    paper \*\s+Decoding as §6\.1", text, re.MULTILINE)  # the default, with its description
     for foreign in ("hardware", "experiment", "logger", "model:", "table3"):
         assert foreign not in text
@@ -184,7 +184,7 @@ def test_page_reads_the_configs_of_an_installed_wheel(tmp_path: Path) -> None:
         [sys.executable, "-m", "aiayn.cli.evaluate", "--help"], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
-    assert groups(done.stdout) == {"decoding": ["greedy", "paper", "sample", "tuned", "wide"]}
+    assert groups(done.stdout) == {"decoding": ["greedy", "mbr", "paper", "sample", "tuned", "wide"]}
     assert "Beam 12: only in this installation" in done.stdout
     assert str(package / "conf" / "eval.yaml") in done.stdout
 

@@ -43,6 +43,10 @@ ADDED = {
     "decoding.mbr": None,  # no minimum Bayes risk decoding (a run cannot have it: aiayn-eval's)
     "decoding.mbr_nbest": None,
     "decoding.mbr_samples": 0,
+    **{
+        f"val_decoding.{key}": value
+        for key, value in (("ensemble", "log_prob"), ("mbr", None), ("mbr_nbest", None), ("mbr_samples", 0))
+    },  # as decoding's (val_decoding=same)
 }
 # Sections added since the snapshot that copy a section of it: val_decoding=same validates as decoding says.
 COPIES = {"val_decoding": "decoding"}
