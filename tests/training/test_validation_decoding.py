@@ -52,11 +52,11 @@ def test_validation_decodes_greedily_while_the_tests_search_with_beams(
     beams: dict[tuple[str, str], set[int]] = {}
     for fn, stage, beam in spy.calls:
         beams.setdefault((fn, stage), set()).add(beam)
-    # The two validations of the fit (after steps 6 and 12) greedy; the evaluated checkpoint's
-    # validation after training and its test with the test decoding.
+    # The two validations of the fit (after steps 6 and 12) greedy; after training, the validations of the
+    # evaluated checkpoint and of the EMA's, and their tests, with the test decoding.
     assert beams == {("fit", "val"): {1}, ("validate", "val"): {2}, ("test", "test"): {2}}
     fit_batches = sum(1 for fn, stage, _ in spy.calls if fn == "fit")
-    assert fit_batches == 2 * sum(1 for fn, _, _ in spy.calls if fn == "validate")
+    assert fit_batches == sum(1 for fn, _, _ in spy.calls if fn == "validate")
     assert (results["val_decoding"]["beam_size"], results["decoding"]["beam_size"]) == (1, 2)
     for name in ("best.ckpt", "last.ckpt"):  # aiayn-eval and aiayn-translate read the tests' decoding there
         stored = torch.load(tmp_path / "checkpoints" / name, map_location="cpu", weights_only=True)
