@@ -575,3 +575,27 @@ def test_each_setting_gets_its_learning_curves_against_steps_minutes_and_flops(
     curves = [path for path in written.plots if path.name.startswith("curves_")]
     assert [path.name for path in curves] == ["curves_1_as_configured.png"] and curves[0].stat().st_size > 10_000
     assert "![curves_1_as_configured](curves_1_as_configured.png)" in written.markdown
+
+
+def test_recipes_are_compared_at_a_matched_step_and_at_matched_minutes(smoke_run_dir: Path, tmp_path: Path) -> None:
+    """Setting A validates at steps 5 and 11 (1 and 2 training minutes), B at 5, 11 and 17 (0.5, 1 and 1.5):
+    at step 11, the last both reached, A has 3 and B 4; at 1.5 minutes, the least either trained, A has
+    its step-5 BLEU (1) and B its step-17 one (9)."""
+    curves = {"a": [(5, 1.0, 60), (11, 3.0, 120)], "b": [(5, 2.0, 30), (11, 4.0, 60), (17, 9.0, 90)]}
+    for heads, (name, rows) in enumerate(curves.items(), start=1):
+        overrides, config = (f"model.n_heads={heads}",), {"model.n_heads": heads}
+        folder = copied_run(smoke_run_dir, tmp_path / "runs" / name, 1, 10.0, overrides, config=config)
+        (folder / "csv").mkdir()
+        lines = ["step,train/seconds,train/tokens,val/bleu", *(f"{s},{t},{100 * s},{b}" for s, b, t in rows)]
+        (folder / "csv" / "metrics.csv").write_text("\n".join(lines) + "\n")
+    written = write_report([tmp_path / "runs"], tmp_path / "out")
+    named = {"model.n_heads=1": "a", "model.n_heads=2": "b"}
+    cells = {named[label]: row for label, row in table_rows(written.markdown).items()}
+    assert [cells[name]["BLEU (val) at step 11"] for name in ("a", "b")] == ["3.00", "4.00"]
+    assert [cells[name]["BLEU (val) at 1.5 min"] for name in ("a", "b")] == ["1.00", "9.00"]
+    rows = json.loads((tmp_path / "out" / "report.json").read_text())["rows"]
+    record = {named[row["setting"]]: row for row in rows}
+    assert record["b"]["val_bleu_matched"] == [
+        {"axis": "step", "at": 11.0, "mean": 4.0, "std": None, "n": 1},
+        {"axis": "minutes", "at": 1.5, "mean": 9.0, "std": None, "n": 1},
+    ]

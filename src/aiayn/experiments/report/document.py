@@ -65,6 +65,9 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         "A setting's runs differ only in their seed: runs of another corpus, direction, precision, checkpoint, "
         "answer or number of test sentences are other settings (in brackets after the setting where settings differ)."
         + (f" Every row: {'; '.join(same)}." if same else ""),
+        "BLEU (val) at step S and at M min, where the runs logged their validations: each setting's validation "
+        "BLEU at the last step every run reached and at the training minutes every run had trained (each run's "
+        "last validation by then): recipes compared at matched steps and matched time, not only where each ended.",
         f"test sentences: how many the test BLEU is of (results.json's test_sentences; ?: not recorded). "
         f"first N and {PARTIAL}: only the first N sentences of the test split (data.eval_limit), not "
         "comparable with a score on the whole split.",

@@ -57,6 +57,9 @@ def csv_row(record: dict[str, Any]) -> dict[str, Any]:
         row |= {f"{key}_{part}": record[key][part] for part in ("mean", "std", "n")}
     tested = ("test_sentences", "partial_test", "p_test", "p_note", "significant", "minutes")
     row |= {key: record[key] for key in tested}
+    for point in record["val_bleu_matched"]:  # every row has the same points (the table's matched columns)
+        row[f"matched_{point['axis']}"] = point["at"]
+        row |= {f"val_bleu_at_matched_{point['axis']}_{part}": point[part] for part in ("mean", "std", "n")}
     row |= {f"paper_{key}": paper.get(key) for key in ("row", "ppl", "bleu", "params_millions")}
     return row
 

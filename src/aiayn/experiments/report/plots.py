@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from aiayn.experiments.report.runs import Run
+from aiayn.experiments.report.runs import validations
 from aiayn.experiments.report.settings import Setting, ordered
 from aiayn.extras import require
 from aiayn.files import atomic_write
-from aiayn.training.metrics import METRICS_CSV, metric_rows
 
 # What a plot can put on its x axis: (file name part, axis label, Table 3 column or "params").
 AXES = (
@@ -71,27 +70,6 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def validations(run: Run) -> list[dict[str, float]]:
-    """The rows of the run's ``metrics.csv`` that hold a validation while training (``val/bleu``, and
-    ``train/tokens`` where the run logged it), each with its finite numbers, in step order; none when the
-    file is missing or unreadable."""
-    rows = []
-    for row in metric_rows(run.folder / METRICS_CSV):
-        numbers = {}
-        for key, text in row.items():
-            try:
-                value = float(text)
-            except ValueError:
-                continue
-            if math.isfinite(value):
-                numbers[key] = value
-        if "val/bleu" in numbers and "step" in numbers:
-            rows.append(numbers)
-    if any("train/tokens" in row for row in rows):  # the others: the evaluated checkpoint's, after training
-        rows = [row for row in rows if "train/tokens" in row]
-    return sorted(rows, key=lambda row: row["step"])
 
 
 def plot_curves(settings: Sequence[Setting], folder: Path) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from aiayn.experiments.results import ANSWERS, RESULTS_FILE
 from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
-from aiayn.training.metrics import EVALUATED_CHECKPOINTS
+from aiayn.training.metrics import EVALUATED_CHECKPOINTS, METRICS_CSV, metric_rows
 
 log = logging.getLogger(__name__)
 
@@ -324,3 +325,24 @@ def failed_trials(sweeps: Mapping[Path, bool], finished: set[Path], skipped: lis
                 why = "running" if trial.state == RUNNING else " ".join(str(trial.error).split())[:200]
                 failed[where] = f"{trial.name} ({why})"
     return failed
+
+
+def validations(run: Run) -> list[dict[str, float]]:
+    """The rows of the run's ``metrics.csv`` that hold a validation while training (``val/bleu``, and
+    ``train/tokens`` where the run logged it), each with its finite numbers, in step order; none when the
+    file is missing or unreadable."""
+    rows = []
+    for row in metric_rows(run.folder / METRICS_CSV):
+        numbers = {}
+        for key, text in row.items():
+            try:
+                value = float(text)
+            except ValueError:
+                continue
+            if math.isfinite(value):
+                numbers[key] = value
+        if "val/bleu" in numbers and "step" in numbers:
+            rows.append(numbers)
+    if any("train/tokens" in row for row in rows):  # the others: the evaluated checkpoint's, after training
+        rows = [row for row in rows if "train/tokens" in row]
+    return sorted(rows, key=lambda row: row["step"])

@@ -19,6 +19,15 @@ log = logging.getLogger(__name__)
 ROW_ORDER = {row: index for index, row in enumerate(PAPER)}
 
 
+def spread_of(values: Sequence[float]) -> str:
+    """``mean ± std`` of ``values`` (the sample standard deviation), the value for one, ``-`` for none."""
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
 @dataclass
 class Setting:
     """The runs of one setting (they differ only in their seed) and the paper's row it is, if any."""
@@ -39,13 +48,8 @@ class Setting:
         return statistics.fmean(values) if values else None
 
     def spread(self, key: str) -> str:
-        """``mean ± std`` over seeds (the sample standard deviation), ``mean`` for one run, ``-`` for none."""
-        values = self.values(key)
-        if not values:
-            return "-"
-        if len(values) == 1:
-            return f"{values[0]:.2f}"
-        return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+        """``key`` over seeds as :func:`spread_of` shows it."""
+        return spread_of(self.values(key))
 
     def evaluated(self) -> str:
         """The checkpoint the runs' validation numbers come from: ``best`` or ``final`` (all runs of a

@@ -10,7 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiayn.experiments.report.settings import Setting, ordered
+from aiayn.experiments.report.runs import validations
+from aiayn.experiments.report.settings import Setting, ordered, spread_of
 from aiayn.experiments.report.significance import p_cell
 from aiayn.experiments.table3 import COLUMNS, PAPER
 from aiayn.scoring import SIGNIFICANCE_LEVEL
@@ -43,20 +44,78 @@ class Table:
         return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class MatchedPoint:
+    """A point where the settings are compared alike (:func:`matched_points`): on the ``axis`` of
+    ``step`` or training ``minutes``, ``at`` where, each setting's runs' validation BLEU there (each run's
+    last validation at or before it)."""
+
+    axis: str
+    at: float
+    bleu: dict[str, list[float]]
+
+    @property
+    def heading(self) -> str:
+        return f"BLEU (val) at step {self.at:.0f}" if self.axis == "step" else f"BLEU (val) at {self.at:.1f} min"
+
+    def record(self, label: str) -> dict[str, Any]:
+        return {"axis": self.axis, "at": self.at, **values_statistic(self.bleu[label])}
+
+
+def matched_points(settings: Sequence[Setting]) -> list[MatchedPoint]:
+    """Where recipes compare alike, from the runs' validations while training (``metrics.csv``): the last
+    step every run reached, and the training minutes every run had trained by its last validation (runs
+    that log ``train/seconds``). None where a run has no validations (a folder copied without ``csv/``)."""
+    curves = {setting.label: [validations(run) for run in setting.runs] for setting in settings}
+    every = [rows for runs in curves.values() for rows in runs]
+    if not every or not all(every):
+        return []
+    for runs in curves.values():
+        for rows in runs:
+            for row in rows:
+                if "train/seconds" in row:
+                    row["minutes"] = row["train/seconds"] / 60
+    points = [("step", min(rows[-1]["step"] for rows in every))]
+    if all(any("minutes" in row for row in rows) for rows in every):
+        points.append(("minutes", min([row for row in rows if "minutes" in row][-1]["minutes"] for rows in every)))
+
+    def bleu_at(rows: list[dict[str, float]], axis: str, at: float) -> list[float]:
+        reached = [row["val/bleu"] for row in rows if axis in row and row[axis] <= at]
+        return reached[-1:]  # none for a run whose first validation came later
+
+    return [
+        MatchedPoint(
+            axis, at, {label: [b for rows in runs for b in bleu_at(rows, axis, at)] for label, runs in curves.items()}
+        )
+        for axis, at in points
+    ]
+
+
+def values_statistic(values: Sequence[float]) -> dict[str, float | int | None]:
+    """The mean, the sample standard deviation (None for one value) and the count of ``values``."""
+    return {
+        "mean": statistics.fmean(values) if values else None,
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "n": len(values),
+    }
+
+
 def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None) -> Table:
     """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params,
     the checkpoint validated and the one tested (the runs' answer), PPL and BLEU (mean ± std over seeds;
     with the best validation BLEU when a run is scored on its final checkpoint), the test sentences the
     test BLEU is of (:data:`PARTIAL` after a test BLEU of part of the split), the p-value of the test BLEU
-    against the first row's (:func:`significance`), steps and wall time; the paper's PPL and BLEU where
-    the setting is its row."""
+    against the first row's (:func:`significance`), steps and wall time; the validation BLEU at a matched
+    step and at matched training minutes (:func:`matched`), where the runs logged their validations; the
+    paper's PPL and BLEU where the setting is its row."""
     base, *_ = settings = ordered(settings)
     p_values = p_values or {}
     best = scored_on_final(settings)
+    alike = matched_points(settings)
     headings = [
         "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "answer", "PPL (val)",
         "BLEU (val)", *(["BLEU (val, best)"] if best else []), "BLEU (test)", "test sentences", "p (test)",
-        "minutes", "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
+        "minutes", *(point.heading for point in alike), "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
     ]  # fmt: skip
     rows = []
     for setting in settings:
@@ -84,28 +143,25 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
             setting.test_sentences(),
             p_cell(None if setting is base else p_values.get(setting.label, "not tested")),
             f"{wall / 60:.1f}" if wall is not None else "-",
+            *(spread_of(point.bleu[setting.label]) for point in alike),
             setting.paper_row or "",
             f"{paper.ppl:.2f}" if paper else "",
             f"{paper.bleu:.1f}" if paper else "",
             f"{paper.params_millions or PAPER['base'].params_millions:g}" if paper else "",  # blank: as base
         ]
         rows.append(tuple(cells))
-    records = tuple(row_record(setting, base, p_values) for setting in settings)
+    records = tuple(row_record(setting, base, p_values, alike) for setting in settings)
     return Table(tuple(headings), tuple(rows), records)
 
 
 def statistic(setting: Setting, key: str) -> dict[str, float | int | None]:
-    """``key`` over the setting's seeds: the mean, the sample standard deviation (None for one run) and
-    how many runs have a value."""
-    values = setting.values(key)
-    return {
-        "mean": statistics.fmean(values) if values else None,
-        "std": statistics.stdev(values) if len(values) > 1 else None,
-        "n": len(values),
-    }
+    """``key`` over the setting's seeds (:func:`values_statistic`)."""
+    return values_statistic(setting.values(key))
 
 
-def row_record(setting: Setting, base: Setting, p_values: Mapping[str, float | str]) -> dict[str, Any]:
+def row_record(
+    setting: Setting, base: Setting, p_values: Mapping[str, float | str], alike: Sequence[MatchedPoint] = ()
+) -> dict[str, Any]:
     """A row of the table as numbers: what a paper's build reads (the cells of :func:`table_of` are
     rounded text). ``p_test`` is None for the first row and where no test was made (``p_note`` says why);
     ``paper`` is the paper's row where the setting is one."""
@@ -130,6 +186,7 @@ def row_record(setting: Setting, base: Setting, p_values: Mapping[str, float | s
         "p_note": p_value if isinstance(p_value, str) else None,
         "significant": p_value < SIGNIFICANCE_LEVEL if isinstance(p_value, float) else None,
         "minutes": wall / 60 if wall is not None else None,
+        "val_bleu_matched": [point.record(setting.label) for point in alike],
         "paper": (
             {
                 "row": setting.paper_row,
