@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from aiayn.config.compose import compose_run_config
-from aiayn.experiments.run import run_answer
+from aiayn.experiments.after_training import run_answer
 from aiayn.training.checkpoint_policy import CheckpointPolicy
 from helpers.runs import REPO, train_in_process
 
