@@ -10,8 +10,7 @@ import pytest
 import sacrebleu
 import torch
 
-from aiayn.config.build import config_keys
-from aiayn.config.tool_plans import TOOL_KEYS
+from aiayn.config.tool_plans import tool_keys
 from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import ConfigError
 from aiayn.evaluation.mbr import mbr_ranked
@@ -84,5 +83,5 @@ def test_the_translator_picks_among_the_beams_best_and_its_draws(tokenizer: Toke
     ],
 )
 def test_bad_mbr_settings_name_their_key(options: dict, message: str) -> None:
-    with pytest.raises(ConfigError, match=message), config_keys("", TOOL_KEYS):
+    with pytest.raises(ConfigError, match=message), tool_keys():
         DecodingOptions(**options)

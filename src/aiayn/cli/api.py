@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.cli.common import quiet_libraries, remove_unstarted_run
-from aiayn.config.build import config_keys
-from aiayn.config.tool_plans import TOOL_KEYS
+from aiayn.config.tool_plans import tool_keys
 from aiayn.model import PAPER_DECODING, DecodingOptions
 
 
@@ -40,7 +39,7 @@ class LoadedModel:
         from aiayn.evaluation.translator import Translator
 
         base = self.translator
-        with config_keys("", TOOL_KEYS):
+        with tool_keys():
             searched = Translator(
                 base.model, base.tokenizer, base.decoding, base.max_tokens, n, base.seed, base.sdpa_backends
             )
@@ -77,7 +76,7 @@ def load(
 
     quiet_libraries()
     paths = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
-    with config_keys("", TOOL_KEYS):
+    with tool_keys():
         options = decoding if isinstance(decoding, DecodingOptions) else DecodingOptions(**decoding)
         settings = DecodeSettings(
             tuple(Path(path).expanduser() for path in paths), options, backend, compute_type, device, max_tokens,
