@@ -81,7 +81,7 @@ def model_card(record: Mapping[str, Any], target: str, scores: Mapping[str, Any]
         f"# A Transformer for {direction}",
         "",
         "The encoder-decoder Transformer of Vaswani et al. (2017), trained with "
-        f"[aiayn](https://pypi.org/project/aiayn/) on {corpus or 'a corpus the checkpoint does not name'}, "
+        f"aiayn on {corpus or 'a corpus the checkpoint does not name'}, "
         f"exported by `aiayn-export format={target}`.",
         "",
         "## Results",
