@@ -13,7 +13,6 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hydra.errors import CompactHydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -23,9 +22,6 @@ from aiayn.errors import CheckpointError, ConfigError, DataError, RunFolderBusy,
 from aiayn.extras import missing_hydra_plugin
 from aiayn.files import LOCK_FILE
 from aiayn.machine import process_rank
-
-if TYPE_CHECKING:
-    pass
 
 # OSError: missing, unreadable or misplaced files (a folder where a file belongs, no permission).
 USER_ERRORS = (CheckpointError, DataError, ValueError, OSError)

@@ -60,6 +60,7 @@ class DecodeSettings:
     nbest: int = 1
     seed: int = 0
     sdpa_backends: tuple[str, ...] = DEFAULT_SDPA_BACKENDS
+    torch_device: torch.device = field(init=False)  # ``device`` resolved, once
 
     def __post_init__(self) -> None:
         if not self.checkpoint:
@@ -69,11 +70,7 @@ class DecodeSettings:
         object.__setattr__(self, "sdpa_backends", sdpa_backends(self.sdpa_backends))
         if not isinstance(self.device, str):
             raise FieldError("device", self.device, "is not a device; use auto, cpu, cuda or cuda:<index>")
-        resolved_device(self.device)
-
-    @property
-    def torch_device(self) -> torch.device:
-        return resolved_device(self.device)
+        object.__setattr__(self, "torch_device", resolved_device(self.device))
 
 
 @dataclass(frozen=True)

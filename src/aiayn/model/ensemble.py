@@ -51,17 +51,19 @@ class Ensemble:
         so far): the mean over the models of their log-probabilities, or with ``mean="prob"`` the log of
         the mean of their probabilities (fairseq's ensembles). With caches, only the last token is fed;
         without, the whole prefix is decoded again (the reference the cached path must equal)."""
-        members = []
+        total: torch.Tensor | None = None
         for model, memory, padding, state in zip(self.models, self.memories, self.paddings, self.states, strict=True):
             step_input = tokens[:, -1:] if state is not None else tokens
             logits = model.decode(step_input, memory, padding, state, last_only=True)[:, -1]
-            members.append(logits.float().log_softmax(-1))
-        if len(members) == 1:
-            return members[0]
-        stacked = torch.stack(members)
-        if self.mean == "prob":
-            return torch.logsumexp(stacked, dim=0) - math.log(len(members))
-        return stacked.mean(dim=0)
+            log_probs = logits.float().log_softmax(-1)
+            if total is None:
+                total = log_probs
+            else:  # a running sum of the members' log-probabilities, or of their probabilities in log space
+                total = torch.logaddexp(total, log_probs) if self.mean == "prob" else total + log_probs
+        assert total is not None
+        if len(self.models) == 1:
+            return total
+        return total - math.log(len(self.models)) if self.mean == "prob" else total / len(self.models)
 
     def select(self, rows: torch.Tensor, cross: bool = True) -> None:
         """Keep (and reorder) the batch rows ``rows``. ``cross=False``: the rows only moved within their

@@ -55,7 +55,7 @@ def plot_axes(settings: Sequence[Setting]) -> list[tuple[str, str, str, list[Set
 # A learning curve's x axes: (title, how a validation's row of metrics.csv and the run's results give it).
 CURVE_AXES = (
     ("step", lambda row, run: row.get("step")),
-    ("training minutes", lambda row, run: row["train/seconds"] / 60 if "train/seconds" in row else None),
+    ("training minutes", lambda row, run: row.get("minutes")),
     # ≈ 6 FLOPs per parameter per token trained on (forward 2, backward 4), as scaling studies count them
     ("training FLOPs (≈ 6 · params · tokens)", lambda row, run: 6 * run.results["params"] * row["train/tokens"]
      if "train/tokens" in row else None),

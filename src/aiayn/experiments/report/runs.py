@@ -329,8 +329,8 @@ def failed_trials(sweeps: Mapping[Path, bool], finished: set[Path], skipped: lis
 
 def validations(run: Run) -> list[dict[str, float]]:
     """The rows of the run's ``metrics.csv`` that hold a validation while training (``val/bleu``, and
-    ``train/tokens`` where the run logged it), each with its finite numbers, in step order; none when the
-    file is missing or unreadable."""
+    ``train/tokens`` where the run logged it), each with its finite numbers (and ``minutes`` of training,
+    from ``train/seconds``), in step order; none when the file is missing or unreadable."""
     rows = []
     for row in metric_rows(run.folder / METRICS_CSV):
         numbers = {}
@@ -341,6 +341,8 @@ def validations(run: Run) -> list[dict[str, float]]:
                 continue
             if math.isfinite(value):
                 numbers[key] = value
+        if "train/seconds" in numbers:
+            numbers["minutes"] = numbers["train/seconds"] / 60
         if "val/bleu" in numbers and "step" in numbers:
             rows.append(numbers)
     if any("train/tokens" in row for row in rows):  # the others: the evaluated checkpoint's, after training

@@ -70,11 +70,6 @@ def matched_points(settings: Sequence[Setting]) -> list[MatchedPoint]:
     every = [rows for runs in curves.values() for rows in runs]
     if not every or not all(every):
         return []
-    for runs in curves.values():
-        for rows in runs:
-            for row in rows:
-                if "train/seconds" in row:
-                    row["minutes"] = row["train/seconds"] / 60
     points = [("step", min(rows[-1]["step"] for rows in every))]
     if all(any("minutes" in row for row in rows) for rows in every):
         points.append(("minutes", min([row for row in rows if "minutes" in row][-1]["minutes"] for rows in every)))
