@@ -36,13 +36,8 @@ class LoadedModel:
     def nbest(self, lines: Sequence[str], n: int) -> list[list[Any]]:
         """The ``n`` best translations of each line (best first; with ``decoding.sample``, ``n`` draws):
         :class:`~aiayn.evaluation.translator.Candidate`\\ s with their text, score and log-probability."""
-        from aiayn.evaluation.translator import Translator
-
-        base = self.translator
         with tool_keys():
-            searched = Translator(
-                base.model, base.tokenizer, base.decoding, base.max_tokens, n, base.seed, base.sdpa_backends
-            )
+            searched = self.translator.varied(nbest=n)
         return searched.candidates(list(lines))
 
     def score(self, lines: Sequence[str], references: Sequence[str], tokenized: bool = False) -> dict[str, Any]:
@@ -72,7 +67,6 @@ def load(
     default; a dict of :class:`~aiayn.model.DecodingOptions` fields too) on ``device``. Loading runs no
     code from the file (a checkpoint is read as data only)."""
     from aiayn.evaluation.settings import DecodeSettings
-    from aiayn.evaluation.translator import Translator, load_translation_models
 
     quiet_libraries()
     paths = [checkpoint] if isinstance(checkpoint, str | Path) else list(checkpoint)
@@ -82,10 +76,7 @@ def load(
             tuple(Path(path).expanduser() for path in paths), options, backend, compute_type, device, max_tokens,
             seed=seed,
         )  # fmt: skip
-        model, tokenizer, run_config = load_translation_models(
-            list(settings.checkpoint), backend, settings.torch_device, compute_type
-        )
-        translator = Translator(model, tokenizer, options, max_tokens, 1, seed, settings.sdpa_backends)
+        translator, run_config = settings.loaded()
     return LoadedModel(translator, run_config, list(settings.checkpoint))
 
 

@@ -54,18 +54,12 @@ def run(cfg: DictConfig) -> None:
 
 def translate(settings: TranslateSettings) -> None:
     """Translate ``settings.input`` (or stdin) to ``settings.output`` (or stdout), as the module says."""
-    from aiayn.evaluation.translator import Translator, load_translation_models
 
     decode, source, target = settings.decode, settings.input, settings.output
     with ExitStack() as files:
         # Opened before the model is loaded: a FIFO or a device there is refused at once.
         stream = files.enter_context(open_plain(source, follow_links=True)) if source else sys.stdin.buffer
-        model, tokenizer, _ = load_translation_models(
-            list(decode.checkpoint), decode.backend, decode.torch_device, decode.compute_type
-        )
-        translator = Translator(
-            model, tokenizer, decode.decoding, decode.max_tokens, decode.nbest, decode.seed, decode.sdpa_backends
-        )
+        translator, _ = decode.loaded()
         lines = Utf8Lines(stream, str(source) if source else "<stdin>")
         blocks = written(
             translator.translate_blocks(lines, block=settings.buffer_lines), decode.nbest, translator.ensemble

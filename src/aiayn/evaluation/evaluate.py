@@ -24,7 +24,6 @@ from aiayn.evaluation.settings import ComparedSystem, EvalSettings, Texts
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
-from aiayn.model import DecodingOptions
 from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
@@ -57,7 +56,7 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     system; :func:`output_digest`): another text of the same file name, other options or another
     compared system never replace them, and the same evaluation again replaces its own."""
     decode, compare, tokenized_bleu = settings.decode, settings.compare, settings.tokenized_bleu
-    system = loaded_system(settings, decode.decoding)
+    system = loaded_system(settings)
     paths, translator, decoding, nbest = system.paths, system.translator, decode.decoding, decode.nbest
     tgt_lang = (direction(system.run_config, paths[0]) or (None, None))[1]
     source, reference = system.source, system.reference
@@ -145,14 +144,10 @@ class LoadedSystem:
         }
 
 
-def loaded_system(settings: EvalSettings, decoding: DecodingOptions) -> LoadedSystem:
-    """The checkpoint(s) of ``settings`` loaded for decoding with ``decoding``, and the texts read."""
-    decode = settings.decode
-    paths, device = list(decode.checkpoint), decode.torch_device
-    model, tokenizer, run_config = load_translation_models(paths, decode.backend, device, decode.compute_type)
-    translator = Translator(
-        model, tokenizer, decoding, decode.max_tokens, decode.nbest, decode.seed, decode.sdpa_backends
-    )
+def loaded_system(settings: EvalSettings) -> LoadedSystem:
+    """The checkpoint(s) of ``settings`` loaded (decoding as ``decoding=`` says), and the texts read."""
+    translator, run_config = settings.decode.loaded()
+    paths, model = list(settings.decode.checkpoint), translator.model
     name, source, reference = evaluation_texts(settings.texts, run_config, paths[0])
     engine = f".ct2-{model.arithmetic}" if isinstance(model, EngineModel) else ""
     return LoadedSystem(
@@ -163,7 +158,7 @@ def loaded_system(settings: EvalSettings, decoding: DecodingOptions) -> LoadedSy
         source,
         reference,
         texts_digest(source, reference),
-        settings_of(translator, device),
+        settings_of(translator, settings.decode.torch_device),
         output_folder(paths[0], settings.output_dir),
         f"{system_name(paths)}{engine}.{name}",
     )

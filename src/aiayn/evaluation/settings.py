@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiayn.errors import FieldError, whole
-from aiayn.evaluation.translator import check_backend, check_translation
+from aiayn.evaluation.translator import Translator, check_backend, check_translation, load_translation_models
 from aiayn.files import open_plain, same_file
 from aiayn.model import DEFAULT_SDPA_BACKENDS, PAPER_DECODING, DecodingOptions, sdpa_backends
 
@@ -71,6 +71,17 @@ class DecodeSettings:
         if not isinstance(self.device, str):
             raise FieldError("device", self.device, "is not a device; use auto, cpu, cuda or cuda:<index>")
         object.__setattr__(self, "torch_device", resolved_device(self.device))
+
+    def loaded(self) -> tuple[Translator, dict[str, Any]]:
+        """The checkpoint(s) loaded, as a translator that decodes as these settings say, and the run's
+        stored config."""
+        model, tokenizer, run_config = load_translation_models(
+            list(self.checkpoint), self.backend, self.torch_device, self.compute_type
+        )
+        translator = Translator(
+            model, tokenizer, self.decoding, self.max_tokens, self.nbest, self.seed, self.sdpa_backends
+        )
+        return translator, run_config
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,19 @@ class Translator:
         model, tokenizer, _ = load_translation_model(path, device=device)
         return cls(model, tokenizer, decoding, max_tokens)
 
+    def varied(self, decoding: DecodingOptions | None = None, nbest: int | None = None) -> Translator:
+        """A translator of the same model(s) and tokenizer, batches and seed, with another ``decoding`` or
+        ``nbest``."""
+        return Translator(
+            self.model,
+            self.tokenizer,
+            self.decoding if decoding is None else decoding,
+            self.max_tokens,
+            self.nbest if nbest is None else nbest,
+            self.seed,
+            self.sdpa_backends,
+        )
+
     @property
     def ensemble(self) -> str | None:
         """How the members' log-probabilities combine (``decoding.ensemble``); None for one model."""

@@ -16,7 +16,6 @@ import sacrebleu
 
 from aiayn.evaluation.evaluate import loaded_system, output_digest, system_identity
 from aiayn.evaluation.settings import EvalSettings
-from aiayn.evaluation.translator import Translator
 from aiayn.files import atomic_write
 from aiayn.model import DecodingOptions
 from aiayn.scoring import BLEU_SETTINGS
@@ -72,18 +71,15 @@ def tune(settings: EvalSettings) -> Tuning:
     ratio and brevity penalty, and the best by sacreBLEU: the first of equal ones) to ``output_dir``
     (:func:`output_folder`). Each setting that translates differently (:func:`same_translations`) is
     translated once."""
-    decode, grid = settings.decode, settings.tune
+    grid = settings.tune
     assert grid is not None, "tune() is for settings with a grid (EvalSettings.tune)"
-    system = loaded_system(settings, grid.base)
+    system = loaded_system(settings)  # its decoding is decoding=, the grid's base
     identity = {"checkpoint": system_identity(system.paths), "texts": system.digest, "settings": system.decoded}
     stem = f"{system.stem}.{output_digest(identity | {'tune': grid.values})}"
     base = system.translator
 
     def translated(options: DecodingOptions) -> list[str]:
-        translator = Translator(
-            base.model, base.tokenizer, options, decode.max_tokens, seed=decode.seed, sdpa_backends=decode.sdpa_backends
-        )
-        return translator.translate(system.source)
+        return base.varied(options).translate(system.source)
 
     bleu = sacrebleu.BLEU(**BLEU_SETTINGS)
     start = time.perf_counter()
