@@ -30,13 +30,8 @@ def compose_config(config_name: str = "train", overrides: Sequence[str] = ()) ->
     Composed as in a fresh process: composing merges configs, and a merge resolves the ``hydra`` node's
     interpolations when a job that ran earlier in this process (a notebook, a test) left Hydra's state
     set; ``hydra.run.dir``'s resolver would then reserve a run folder. That state is put back after."""
-    hydra_state = HydraConfig.instance()
-    earlier, hydra_state.cfg = hydra_state.cfg, None
-    try:
-        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-    finally:
-        hydra_state.cfg = earlier
+    with hydra_state(None), initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
 
 
 def compose_run_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -59,11 +54,15 @@ def composed_run_dir(overrides: Sequence[str] = ()) -> Path:
 
 
 @contextmanager
-def hydra_state(cfg: DictConfig) -> Iterator[None]:
-    """Hydra's state set to the composed ``cfg`` (``${hydra:...}`` resolves from it), the caller's put back."""
+def hydra_state(cfg: DictConfig | None) -> Iterator[None]:
+    """Hydra's state set to the composed ``cfg`` (``${hydra:...}`` resolves from it; None: no state, as in
+    a fresh process), the caller's put back."""
     state = HydraConfig.instance()
     earlier = state.cfg
-    state.set_config(cfg)
+    if cfg is None:
+        state.cfg = None
+    else:
+        state.set_config(cfg)
     try:
         yield
     finally:
