@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from aiayn.model import Packing
-from aiayn.model.layers import FeedForward, SublayerConnection
+from aiayn.model.feed_forward import FeedForward
+from aiayn.model.layers import SublayerConnection
 from workload import (
     benchmark_parser,
     machine,

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aiayn.model.dropout import Dropout, quantized_rate
-from aiayn.model.layers import FeedForward
+from aiayn.model.feed_forward import FeedForward
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5])

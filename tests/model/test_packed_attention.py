@@ -87,7 +87,7 @@ def test_the_flag_reaches_the_module_and_not_the_models_checkpoint() -> None:
     settings = tiny_settings("model.packed_attention=true")
     assert settings.packed_attention is True and "packed_attention" not in settings.model.to_dict()
     assert settings.build().packed_attention is True
-    with pytest.raises(ValueError, match=r"^model.packed_attention=true cannot rotate positions"):
+    with pytest.raises(ValueError, match=r"^model.packed_attention=true cannot apply positions inside attention"):
         tiny_settings("model.packed_attention=true", "model.positional=rope")
 
 

@@ -21,7 +21,7 @@ def peak_rss_mib() -> float:
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"n_layers": 4096}, "n_layers=4096 does not match the weights, which hold 2 layers"),
+        ({"n_layers": 4096}, "n_layers=4096 does not match the weights, which hold 2 encoder layers"),
         ({"d_ff": 2**22}, "weights[encoder.0.ffn.w1.weight]"),  # 2 x 2 x 2^22 x 64 floats: 4 GiB
         ({"max_positions": 2**26}, "max_positions=67108864 needs a position table"),  # 16 GiB of sinusoids
         ({"max_positions": 2**26, "positional": "rope"}, "max_positions=67108864 needs a position table"),

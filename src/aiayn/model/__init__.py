@@ -13,6 +13,7 @@ from aiayn.model.attention import (
     use_sdpa_backends,
 )
 from aiayn.model.beam_search import Hypothesis, beam_search, nbest_search
+from aiayn.model.components import register_component
 from aiayn.model.config import POSITIONAL_ENCODINGS, TransformerConfig
 from aiayn.model.decoding import greedy_decode, search, translate_ids
 from aiayn.model.decoding_options import PAPER_DECODING, DecodingOptions, length_penalty
@@ -24,6 +25,7 @@ from aiayn.model.flops import (
     parameters_by_component,
     training_flops_per_token,
 )
+from aiayn.model.positional import PositionalEncoding
 from aiayn.model.sampling import sample
 from aiayn.model.transformer import Transformer
 
@@ -37,6 +39,7 @@ __all__ = [
     "Hypothesis",
     "MultiHeadAttention",
     "Packing",
+    "PositionalEncoding",
     "Transformer",
     "TransformerConfig",
     "batch_training_flops",
@@ -47,6 +50,7 @@ __all__ = [
     "length_penalty",
     "nbest_search",
     "parameters_by_component",
+    "register_component",
     "sample",
     "sdpa_backends",
     "search",

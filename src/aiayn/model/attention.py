@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.errors import FieldError
-from aiayn.model.positional import RotaryEmbedding
+from aiayn.errors import FieldError, whole
+from aiayn.model.positional import PositionalEncoding
 
 # SDPA's kernels by the names the settings give them, as torch switches each on or off process-wide.
 SDPA_BACKENDS = {
@@ -96,6 +96,10 @@ class MultiHeadAttention(nn.Module):
     ``d_k`` and ``d_v`` are independent of ``d_model / n_heads`` (Table 3 rows A, B). Self-attention
     projects Q, K and V with one fused matrix; encoder-decoder attention projects the decoder states to
     Q and the encoder output to K, V (§3.2.3), so those projections are split in two.
+
+    ``kv_heads`` below ``n_heads`` shares each key/value head among ``n_heads / kv_heads`` query heads:
+    grouped-query attention (Ainslie et al. 2023), multi-query attention at 1 (Shazeer 2019). The
+    decoding cache keeps the ``kv_heads`` heads only, which is what the variants are for.
     """
 
     def __init__(
@@ -107,25 +111,51 @@ class MultiHeadAttention(nn.Module):
         d_v: int,
         attn_dropout: float = 0.0,
         self_attention: bool = True,
-        rotary: RotaryEmbedding | None = None,
+        kv_heads: int | None = None,
     ) -> None:
         super().__init__()
-        self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        kv_heads = n_heads if kv_heads is None else kv_heads
+        if not whole(kv_heads, 1) or n_heads % kv_heads:
+            raise FieldError("attention.kv_heads", kv_heads, f"must be a whole number that divides n_heads={n_heads}")
+        self.n_heads, self.kv_heads, self.d_k, self.d_v = n_heads, kv_heads, d_k, d_v
         self.attn_dropout = attn_dropout
         self.self_attention = self_attention
-        self.rotary = rotary
         if self_attention:
-            self.qkv_proj = nn.Linear(d_model, n_heads * (2 * d_k + d_v))
+            self.qkv_proj = nn.Linear(d_model, n_heads * d_k + kv_heads * (d_k + d_v))
         else:
             self.q_proj = nn.Linear(d_model, n_heads * d_k)
-            self.kv_proj = nn.Linear(d_model, n_heads * (d_k + d_v))
+            self.kv_proj = nn.Linear(d_model, kv_heads * (d_k + d_v))
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
         # While a list, each forward appends its attention weights (B, h, T, S): the fused SDPA kernels
         # never materialise them, so they are recomputed, for inspection only (Transformer.attention_maps).
         self.recorded: list[torch.Tensor] | None = None
 
-    def _heads(self, x: torch.Tensor, head_dim: int) -> torch.Tensor:
-        return x.unflatten(-1, (self.n_heads, head_dim)).transpose(1, 2)  # (B, h, T, head_dim)
+    @staticmethod
+    def flops(
+        *,
+        d_model: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        queries: int,
+        keys: int,
+        kv_heads: int | None = None,
+        **args: object,
+    ) -> int:
+        """Multiply-add FLOPs (2 per MAC) of one attention of ``queries`` over ``keys`` positions: the
+        projections and the scores over every key (as the hardware computes them, also where a causal
+        mask discards half)."""
+        kv = n_heads if kv_heads is None else kv_heads
+        projections = queries * d_model * n_heads * d_k + keys * d_model * kv * (d_k + d_v)
+        return 2 * (projections + queries * keys * n_heads * (d_k + d_v) + queries * n_heads * d_v * d_model)
+
+    def _heads(self, x: torch.Tensor, head_dim: int, heads: int | None = None) -> torch.Tensor:
+        return x.unflatten(-1, (heads or self.n_heads, head_dim)).transpose(1, 2)  # (B, heads, T, head_dim)
+
+    def _shared(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, kv_heads, S, d) → (B, n_heads, S, d): each key/value head serves its group of query heads."""
+        groups = self.n_heads // self.kv_heads
+        return x if groups == 1 else x.repeat_interleave(groups, dim=1)
 
     def forward(
         self,
@@ -135,6 +165,7 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: dict[str, torch.Tensor] | None = None,
         packed: tuple[Packing, Packing] | None = None,
+        positions: PositionalEncoding | None = None,
     ) -> torch.Tensor:
         """Attend from ``query`` (B, T, d_model) to itself, or to ``memory`` (B, S, d_model).
 
@@ -144,24 +175,27 @@ class MultiHeadAttention(nn.Module):
         those of earlier steps; encoder-decoder attention projects ``memory`` once and reuses it.
         ``packed``, the :class:`Packing` of the queries' and the keys' batch, attends over packed
         sequences instead of under ``key_padding_mask`` (not for causal or incremental attention, nor
-        with rotations); the output is zero at padded query positions.
+        with positions that act inside attention); the output is zero at padded query positions.
+        ``positions``: the model's :class:`~aiayn.model.positional.PositionalEncoding`, whose rotation
+        and score bias self-attention applies.
         """
+        in_attention = positions is not None and positions.in_attention
         if packed is not None:
-            if causal or cache is not None or self.rotary is not None or self.recorded is not None:
+            if causal or cache is not None or in_attention or self.recorded is not None:
                 raise ValueError(
                     "packed attention is for teacher-forced attention without a causal mask, a cache, "
-                    "rotations or recorded weights"
+                    "positions inside attention or recorded weights"
                 )
             return self._packed(query, memory, *packed)
-        h, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        h, kv, d_k, d_v = self.n_heads, self.kv_heads, self.d_k, self.d_v
         past = 0
         if self.self_attention:
-            q, k, v = self.qkv_proj(query).split((h * d_k, h * d_k, h * d_v), dim=-1)
-            q, k, v = self._heads(q, d_k), self._heads(k, d_k), self._heads(v, d_v)  # (B, h, T, d)
+            q, k, v = self.qkv_proj(query).split((h * d_k, kv * d_k, kv * d_v), dim=-1)
+            q, k, v = self._heads(q, d_k), self._heads(k, d_k, kv), self._heads(v, d_v, kv)  # (B, heads, T, d)
             if cache is not None and "k" in cache:
                 past = cache["k"].size(-2)
-            if self.rotary is not None:
-                q, k = self.rotary(q, past), self.rotary(k, past)
+            if positions is not None:
+                q, k = positions.rotate(q, past), positions.rotate(k, past)
             if cache is not None:
                 if past:
                     k, v = torch.cat([cache["k"], k], dim=-2), torch.cat([cache["v"], v], dim=-2)
@@ -172,18 +206,23 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache["k"], cache["v"]
             else:
                 assert memory is not None, "encoder-decoder attention needs the encoder output"
-                k, v = self.kv_proj(memory).split((h * d_k, h * d_v), dim=-1)
-                k, v = self._heads(k, d_k), self._heads(v, d_v)  # (B, h, S, d)
+                k, v = self.kv_proj(memory).split((kv * d_k, kv * d_v), dim=-1)
+                k, v = self._heads(k, d_k, kv), self._heads(v, d_v, kv)  # (B, kv_heads, S, d)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
         if past and q.size(-2) > 1:
             raise ValueError("incremental decoding feeds one target position at a time")
+        k, v = self._shared(k), self._shared(v)
+        bias = positions.bias(q, k.size(-2), past, causal) if self.self_attention and positions is not None else None
         causal = causal and not past  # one new query may see every cached position
         mask = None
         if key_padding_mask is not None:
             mask = ~key_padding_mask[:, None, None, :]  # (B, 1, 1, S), True = may attend
-            if causal:
-                mask = mask & torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        if causal and (mask is not None or bias is not None):
+            future = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+            mask = future if mask is None else mask & future
+        if bias is not None:  # an additive mask: the bias where a key may be seen, -inf where not
+            mask = bias if mask is None else bias.masked_fill(~mask, float("-inf"))
         if self.recorded is not None:
             self.recorded.append(attention_weights(q, k, mask, causal))
         # softmax(Q K^T / sqrt(d_k)) V (§3.2.1); SDPA scales by 1/sqrt(d_k) of q's last dimension.
@@ -202,16 +241,20 @@ class MultiHeadAttention(nn.Module):
     ) -> torch.Tensor:
         """Non-causal attention over the real positions only: their projections, nested sequences for
         SDPA (no mask), and the output projection, scattered back to the padded (B, T, d_model)."""
-        h, d_k, d_v = self.n_heads, self.d_k, self.d_v
+        h, kv, d_k, d_v = self.n_heads, self.kv_heads, self.d_k, self.d_v
         batch, width = query.shape[:2]
         if self.self_attention:
-            q, k, v = self.qkv_proj(queries.pack(query)).split((h * d_k, h * d_k, h * d_v), dim=-1)
+            q, k, v = self.qkv_proj(queries.pack(query)).split((h * d_k, kv * d_k, kv * d_v), dim=-1)
             key_width = width
         else:
             assert memory is not None, "encoder-decoder attention needs the encoder output"
             q = self.q_proj(queries.pack(query))
-            k, v = self.kv_proj(keys.pack(memory)).split((h * d_k, h * d_v), dim=-1)
+            k, v = self.kv_proj(keys.pack(memory)).split((kv * d_k, kv * d_v), dim=-1)
             key_width = memory.size(1)
+        if kv != h:  # the nested kernels take as many key/value heads as query heads
+            groups = h // kv
+            k = k.unflatten(-1, (kv, d_k)).repeat_interleave(groups, dim=-2).flatten(-2)
+            v = v.unflatten(-1, (kv, d_v)).repeat_interleave(groups, dim=-2).flatten(-2)
         out = scaled_dot_product_attention(
             queries.nested(q, h, width),
             keys.nested(k, h, key_width),
@@ -235,13 +278,13 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
 
 
 def attention_weights(
-    q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None, causal: bool = False
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False
 ) -> torch.Tensor:
-    """``softmax(Q K^T / sqrt(d_k))`` (B, h, T, S) under the masks SDPA is given: ``allowed`` (True = may
-    attend, broadcast to the scores) and, without it, ``causal``."""
+    """``softmax(Q K^T / sqrt(d_k))`` (B, h, T, S) under the masks SDPA is given: ``mask`` (boolean, True =
+    may attend, or additive, broadcast to the scores) and, without it, ``causal``."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
-    if allowed is None and causal:
-        allowed = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))
+    if mask is None and causal:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     return scores.softmax(dim=-1)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from aiayn.model.components import cost_class
 from aiayn.model.config import TransformerConfig
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ def parameters_by_component(model: Transformer) -> dict[str, int]:
     that holds it. A model built on the meta device counts alike, without the memory."""
     components: dict[str, list[nn.Module]] = {
         "embeddings": [model.src_embed, model.tgt_embed, model.output_proj],
-        "positional": [model.positions] if model.positions is not None else [],
+        "positional": [model.positions],
         "encoder": [model.encoder, model.encoder_norm],
         "decoder": [model.decoder, model.decoder_norm],
     }
@@ -48,21 +49,27 @@ def forward_flops(
     tensors of lengths).
 
     Counts every matrix product, including attention scores over all key positions (as the
-    hardware computes them, also where the causal mask discards half).
+    hardware computes them, also where the causal mask discards half), each component by its own
+    ``flops`` (:func:`aiayn.model.components.cost_class`).
     """
-    d, h, d_k, d_v, d_ff = cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v, cfg.d_ff
+    d, h, d_k, d_v = cfg.d_model, cfg.n_heads, cfg.d_k, cfg.d_v
     s, t = src_len, tgt_len
+    attention, attention_args = cost_class("attention", cfg.attention)
+    ffn, ffn_args = cost_class("feed_forward", cfg.feed_forward)
+    positions, position_args = cost_class("positional", cfg.positional_spec)
 
-    def self_attention(n: int) -> int:
-        projections = 2 * n * d * h * (2 * d_k + d_v) + 2 * n * h * d_v * d
-        return projections + 2 * n * n * h * (d_k + d_v)
+    def attend(queries: int, keys: int, self_attention: bool) -> int:
+        sizes = {"d_model": d, "n_heads": h, "d_k": d_k, "d_v": d_v, "queries": queries, "keys": keys}
+        flops = attention.flops(**sizes, **attention_args)
+        if self_attention:
+            flops = flops + positions.flops(n_heads=h, d_k=d_k, queries=queries, keys=keys, **position_args)
+        return flops
 
-    def ffn(n: int) -> int:
-        return 4 * n * d * d_ff
+    def feed_forward(n: int) -> int:
+        return ffn.flops(d_model=d, d_ff=cfg.d_ff, tokens=n, **ffn_args)
 
-    encoder = cfg.n_layers * (self_attention(s) + ffn(s))
-    cross = 2 * t * d * h * d_k + 2 * s * d * h * (d_k + d_v) + 2 * t * s * h * (d_k + d_v) + 2 * t * h * d_v * d
-    decoder = cfg.n_layers * (self_attention(t) + cross + ffn(t))
+    encoder = cfg.encoder_depth * (attend(s, s, True) + feed_forward(s))
+    decoder = cfg.decoder_depth * (attend(t, t, True) + attend(t, s, False) + feed_forward(t))
     return encoder + decoder + 2 * t * d * cfg.vocab_size
 
 

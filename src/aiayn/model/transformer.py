@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from aiayn.model.attention import Packing
+from aiayn.model.components import build
 from aiayn.model.config import TransformerConfig
 from aiayn.model.dropout import Dropout
-from aiayn.model.layers import DecoderLayer, EncoderLayer
-from aiayn.model.positional import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+from aiayn.model.layers import DecoderLayer, EncoderLayer, norm
 
 
 @dataclass
@@ -36,10 +36,13 @@ class DecoderState:
 
 
 class Transformer(nn.Module):
-    """Encoder and decoder stacks of ``n_layers`` each, with embeddings and the pre-softmax projection.
+    """Encoder and decoder stacks of ``n_layers`` each (or ``encoder_layers`` and ``decoder_layers``),
+    with embeddings and the pre-softmax projection.
 
     With ``share_embeddings`` one matrix serves as source embedding, target embedding and the
-    pre-softmax linear layer (§3.4), which needs a joint source-target vocabulary.
+    pre-softmax linear layer (§3.4), which needs a joint source-target vocabulary. Attention,
+    feed-forward, normalisation and positions are the components ``cfg`` names (the paper's by default,
+    :mod:`aiayn.model.components`).
     """
 
     def __init__(self, cfg: TransformerConfig) -> None:
@@ -56,31 +59,34 @@ class Transformer(nn.Module):
         if cfg.share_embeddings:
             self.output_proj.weight = self.src_embed.weight
 
-        self.positions: nn.Module | None = None
-        if cfg.positional == "sinusoidal":
-            self.positions = SinusoidalPositionalEncoding(d, cfg.max_positions)
-        elif cfg.positional == "learned":
-            self.positions = LearnedPositionalEmbedding(d, cfg.max_positions)
-        # RoPE rotates queries and keys inside self-attention; cross-attention stays position-free.
-        rotary = RotaryEmbedding(cfg.d_k, cfg.max_positions) if cfg.positional == "rope" else None
+        # One for the model: added to the embeddings (§3.5), or acting inside every self-attention.
+        self.positions = build(
+            "positional",
+            cfg.positional_spec,
+            d_model=d,
+            n_heads=cfg.n_heads,
+            d_k=cfg.d_k,
+            max_positions=cfg.max_positions,
+        )
         self.embed_dropout = Dropout(cfg.dropout)  # §5.4: dropout on embeddings + positions
 
-        self.encoder = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_layers))
-        # Pre-LN stacks leave their output un-normalised; the usual final LayerNorm closes them.
-        self.encoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(d) if cfg.norm_first else nn.Identity()
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_depth))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_depth))
+        # Pre-LN stacks leave their output un-normalised; the usual final normalisation closes them.
+        self.encoder_norm = norm(cfg) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = norm(cfg) if cfg.norm_first else nn.Identity()
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections, zero biases, embeddings N(0, d_model^-0.5).
+        """Xavier-uniform projections, zero biases, embeddings N(0, d_model^-0.5); a positional
+        component's parameters as it initialised them.
 
         With that embedding scale the shared matrix gives inputs of unit variance after the sqrt(d_model)
         factor and, used as the output projection, logits of about unit variance: the initial softmax
         is near uniform and the first loss is close to log(vocab_size).
         """
         for name, param in self.named_parameters():
-            if "embed" in name:
+            if "embed" in name or name.startswith("positions."):  # positions initialise their own
                 continue
             if param.dim() > 1:
                 nn.init.xavier_uniform_(param)
@@ -95,8 +101,9 @@ class Transformer(nn.Module):
 
     def _embed(self, embedding: nn.Embedding, tokens: torch.Tensor, offset: int = 0) -> torch.Tensor:
         x = embedding(tokens) * self.embed_scale  # (B, T, d_model)
-        if self.positions is not None:
-            x = x + self.positions(tokens.size(1), offset)
+        positions = self.positions.embed(tokens.size(1), offset)
+        if positions is not None:
+            x = x + positions
         return self.embed_dropout(x)
 
     def encode(self, src: torch.Tensor, source: Packing | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,7 +115,7 @@ class Transformer(nn.Module):
         src_padding = src.eq(self.cfg.pad_id)
         x = self._embed(self.src_embed, src)
         for layer in self.encoder:
-            x = layer(x, src_padding, source)
+            x = layer(x, src_padding, source, self.positions)
         return self.encoder_norm(x), src_padding
 
     def decode(
@@ -134,7 +141,7 @@ class Transformer(nn.Module):
         offset = state.length if state is not None else 0
         x = self._embed(self.tgt_embed, tgt_in, offset)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, memory, src_padding, state.layers[i] if state is not None else None, packed)
+            x = layer(x, memory, src_padding, state.layers[i] if state is not None else None, packed, self.positions)
         if state is not None:
             state.length += tgt_in.size(1)
         if last_only:

@@ -24,17 +24,22 @@ def check_weights(cfg: TransformerConfig, weights: Mapping[str, torch.Tensor]) -
     and its computed tables are no larger than the weights justify. Nothing of ``cfg``'s size is
     allocated to find out: the stacks are counted from the weights' names before anything is built,
     then the model is built on the meta device (shapes without memory)."""
-    layers = {int(found.group(1)) for name in weights if (found := re.match(r"encoder\.(\d+)\.", name))}
-    if cfg.n_layers != len(layers):
-        raise FieldError("n_layers", cfg.n_layers, f"does not match the weights, which hold {len(layers)} layers")
+    for stack, depth, own in (
+        ("encoder", cfg.encoder_depth, cfg.encoder_layers),
+        ("decoder", cfg.decoder_depth, cfg.decoder_layers),
+    ):
+        layers = {int(found.group(1)) for name in weights if (found := re.match(rf"{stack}\.(\d+)\.", name))}
+        if depth != len(layers):
+            field = "n_layers" if own is None else f"{stack}_layers"
+            raise FieldError(field, depth, f"does not match the weights, which hold {len(layers)} {stack} layers")
     stored = sum(tensor.numel() for tensor in weights.values() if isinstance(tensor, torch.Tensor))
-    per_position = {"sinusoidal": cfg.d_model, "rope": 2 * cfg.d_k}.get(cfg.positional, 1)
+    per_position = {"sinusoidal": cfg.d_model, "rope": 2 * cfg.d_k}.get(cfg.positional_name or "", 1)
     if cfg.max_positions * per_position > max(stored, COMPUTED_FLOOR):  # output lengths are bounded by it too
         raise FieldError("max_positions", cfg.max_positions, f"needs a position table larger than all {stored} weights")
     with torch.device("meta"):
         expected = {name: tensor.shape for name, tensor in Transformer(cfg).state_dict().items()}
     for name in sorted(set(expected) ^ set(weights)):
-        field = "share_embeddings" if "embed" in name or "output_proj" in name else "positional"
+        field = "share_embeddings" if "embed" in name or "output_proj" in name else component_field(name)
         state = "is missing from" if name in expected else "is not a weight of"
         raise FieldError(field, getattr(cfg, field), f"does not match the weights: {name} {state} this model")
     for name, shape in expected.items():
@@ -44,3 +49,16 @@ def check_weights(cfg: TransformerConfig, weights: Mapping[str, torch.Tensor]) -
             raise FieldError(
                 f"weights[{name}]", found, f"is not the shape {tuple(shape)} that the model's settings give"
             )
+
+
+def component_field(weight: str) -> str:
+    """The setting a weight's name belongs to, for a message: ``encoder.0.self_attn.qkv_proj.weight`` →
+    ``attention``."""
+    parts = weight.split(".")
+    if parts[0] == "positions":
+        return "positional"
+    if any(part in ("self_attn", "cross_attn") for part in parts):
+        return "attention"
+    if "ffn" in parts:
+        return "feed_forward"
+    return "norm" if "norm" in parts or weight.startswith(("encoder_norm", "decoder_norm")) else "positional"
