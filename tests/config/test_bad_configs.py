@@ -34,7 +34,13 @@ BAD_CONFIGS = [
     (["checkpoint.answer=last"], "checkpoint.answer", "last"),
     (["checkpoint.answer=ema", "ema.decay=null"], "checkpoint.answer", "ema"),  # no EMA to answer with
     (["checkpoint.answer=averaged", "checkpoint.average_last=1"], "checkpoint.answer", "averaged"),
-    (["model.positional=alibi"], "model.positional", "alibi"),
+    (["model.positional=xpos"], "model.positional", "xpos"),
+    (["model/attention=grouped_query", "model.attention.kv_heads=3"], "model.attention.kv_heads", "3"),  # of 4 heads
+    (["model/feed_forward=swiglu", "model.feed_forward.activation=tanh"], "model.feed_forward.activation", "tanh"),
+    (["model/norm=rms_norm", "+model.norm.center=true"], "model.norm.center", "true"),  # not RMSNorm's argument
+    (["model.attention={{_target_:nowhere.Attention}}"], "model.attention._target_", "nowhere.Attention"),
+    (["experiment=mini/E", "model/positional=t5"], "model.positional", "learned"),  # E sets it after the choice
+    (["model.decoder_layers=0"], "model.decoder_layers", "0"),
     (["+model.heads=4"], "model.heads", "4"),
     (["data.max_tokens=100"], "data.max_tokens", "100"),  # data.max_len is 256
     (["data.max_len=0"], "data.max_len", "0"),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import pytorch_lightning as pl
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 
 from aiayn.config.build import transformer_config
 from aiayn.config.compose import compose_config, config_dir
@@ -20,9 +20,13 @@ from helpers.compose import composed_run
 CONF = Path(config_dir())
 
 
-def options(group: str) -> list[str]:
-    """The options of a config group (files starting with ``_`` are shared parts, not options)."""
-    paths = (path.relative_to(CONF / group).with_suffix("") for path in (CONF / group).rglob("*.yaml"))
+def options(group: str, nested: bool = True) -> list[str]:
+    """The options of a config group (files starting with ``_`` are shared parts, not options), with
+    those of its nested groups (``experiment/mini/E``) unless not ``nested``."""
+    folder = CONF / group
+    paths = (
+        path.relative_to(folder).with_suffix("") for path in folder.rglob("*.yaml") if nested or path.parent == folder
+    )
     return sorted(path.as_posix() for path in paths if not path.name.startswith("_"))
 
 
@@ -37,7 +41,7 @@ def test_every_required_option_exists() -> None:
     assert {"wandb", "tensorboard", "none"} <= set(options("logger"))
 
 
-@pytest.mark.parametrize("option", options("model"))
+@pytest.mark.parametrize("option", options("model", nested=False))
 def test_model_options_build_a_transformer(option: str) -> None:
     cfg = compose_config("train", [f"model={option}", "data.vocab_size=1000"])
     model_cfg = transformer_config(cfg)
@@ -45,6 +49,21 @@ def test_model_options_build_a_transformer(option: str) -> None:
     with torch.device("meta"):  # shapes without memory: big has 200M parameters
         model = Transformer(model_cfg)
     assert len(model.encoder) == len(model.decoder) == cfg.model.n_layers
+
+
+@pytest.mark.parametrize("component", [name for name in options("model") if "/" in name])
+def test_each_component_entry_builds_the_class_it_names_in_every_layer(component: str) -> None:
+    kind, entry = component.split("/")
+    cfg = compose_config("train", ["model=tiny", f"model/{kind}={entry}", "data.vocab_size=1000"])
+    spec = cfg.model[kind]
+    model = Transformer(transformer_config(cfg))
+    built = {
+        "attention": [layer.self_attn for layer in model.encoder] + [layer.cross_attn for layer in model.decoder],
+        "feed_forward": [layer.ffn for layer in [*model.encoder, *model.decoder]],
+        "norm": [layer.ffn_block.norm for layer in [*model.encoder, *model.decoder]],
+        "positional": [model.positions],
+    }[kind]
+    assert {type(module) for module in built} == {get_class(spec["_target_"])}
 
 
 @pytest.mark.parametrize("option", options("data"))

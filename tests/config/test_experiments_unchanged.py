@@ -43,6 +43,12 @@ ADDED = {
     "decoding.mbr": None,  # no minimum Bayes risk decoding (a run cannot have it: aiayn-eval's)
     "decoding.mbr_nbest": None,
     "decoding.mbr_samples": 0,
+    # The paper's components, by null specs, in stacks of n_layers:
+    "model.encoder_layers": None,
+    "model.decoder_layers": None,
+    "model.attention": None,
+    "model.feed_forward": None,
+    "model.norm": None,
     **{
         f"val_decoding.{key}": value
         for key, value in (("ensemble", "log_prob"), ("mbr", None), ("mbr_nbest", None), ("mbr_samples", 0))

@@ -11,14 +11,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from aiayn.config.components import check_choices, trust_named
 from aiayn.config.naming import RunIdentity
 from aiayn.data.tokenizer import PAD_ID
 from aiayn.errors import ConfigError, DataError, FieldError
-from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.model import DecodingOptions, Transformer, TransformerConfig
 from aiayn.training.schedule import OptimSettings
 
 if TYPE_CHECKING:
@@ -81,8 +83,13 @@ def transformer_config(cfg: DictConfig) -> TransformerConfig:
         settings.pop(key, None)
     settings |= {"vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
     check_known("model", settings, *parameters(TransformerConfig))
+    check_choices(settings)
+    trust_named(settings)
     with config_keys("model", MODEL_FIELD_KEYS):
-        return TransformerConfig(**settings)
+        model = TransformerConfig(**settings)
+        with torch.device("meta"):  # every component's arguments checked, nothing allocated
+            Transformer(model)
+    return model
 
 
 def decoding_options(decoding: DictConfig | Mapping[str, Any], section: str = "decoding") -> DecodingOptions:

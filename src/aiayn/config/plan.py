@@ -30,6 +30,7 @@ from aiayn.data import TranslationDataModule
 from aiayn.data.tokenizer import BOS_ID, EOS_ID
 from aiayn.errors import ConfigError
 from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.model.components import component_class, describe
 from aiayn.training.batching import BatchSettings, plan_batches, trainer_arguments
 from aiayn.training.callbacks.ema import EmaSettings
 from aiayn.training.callbacks.garbage import ScheduledCollection
@@ -209,9 +210,11 @@ def module_settings(cfg: DictConfig) -> ModuleSettings:
     without a run: the benchmarks)."""
     model = transformer_config(cfg)
     compile, packed = run_flag(cfg.model, "compile"), run_flag(cfg.model, "packed_attention")
-    if packed and model.positional == "rope":
+    if packed and component_class("positional", model.positional_spec["_target_"]).in_attention:
         raise ConfigError(
-            "model.packed_attention", True, "cannot rotate positions (model.positional=rope): set it to false"
+            "model.packed_attention",
+            True,
+            f"cannot apply positions inside attention (model.positional={describe(model.positional)}): set it to false",
         )
     decoding = decoding_options(cfg.decoding)
     optim, val_decoding = optim_settings(cfg.optim), validation_decoding(cfg.val_decoding)

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from aiayn.config.build import config_keys, decoding_options
+from aiayn.config.components import trust_listed
 from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError, FieldError
 from aiayn.evaluation.settings import (
@@ -58,6 +59,7 @@ def plan_eval(cfg: DictConfig, overrides: Iterable[str] = ()) -> EvalSettings:
     """``aiayn-eval``'s settings; with ``tune.<key>=[...]``, the grid to score on the validation split
     (the split, when not set: the validation split then, else the test split)."""
     check_settings(cfg, "eval", overrides)
+    trust_listed(plain(cfg.trust_components))
     with tool_keys():
         decode = decode_settings(cfg)
         grid = tuning_grid(plain(cfg.tune), decode.decoding)
@@ -84,6 +86,7 @@ def plan_eval(cfg: DictConfig, overrides: Iterable[str] = ()) -> EvalSettings:
 def plan_translate(cfg: DictConfig, overrides: Iterable[str] = ()) -> TranslateSettings:
     """``aiayn-translate``'s settings."""
     check_settings(cfg, "translate", overrides)
+    trust_listed(plain(cfg.trust_components))
     with tool_keys():
         files = {key: optional_text(cfg, key, f"must be a file (or null: {stream})") for key, stream in STREAMS.items()}
         return TranslateSettings(
@@ -97,6 +100,7 @@ def plan_translate(cfg: DictConfig, overrides: Iterable[str] = ()) -> TranslateS
 def plan_export(cfg: DictConfig, overrides: Iterable[str] = ()) -> ExportSettings:
     """``aiayn-export``'s settings."""
     check_settings(cfg, "export", overrides)
+    trust_listed(plain(cfg.trust_components))
     with tool_keys():
         checkpoint = required_checkpoint(cfg.checkpoint)
         if not cfg.output or not isinstance(cfg.output, str):

@@ -14,6 +14,7 @@ from aiayn.data.tokenizer import Tokenizer
 from aiayn.errors import DataError, FieldError, first_line, nesting
 from aiayn.files import atomic_folder, holds_files, read_plain_file
 from aiayn.model import DecodingOptions, TransformerConfig
+from aiayn.model.components import describe, is_paper
 
 PROVENANCE_FILE = "aiayn.json"  # the source checkpoint, the model's hyperparameters and the run's config
 PROVENANCE_BYTES = 1 << 20  # what aiayn-export writes there is kilobytes ...
@@ -28,13 +29,21 @@ def check_exportable(cfg: TransformerConfig, target: str) -> None:
 
     ``hf`` is ``MarianMTModel``: post-LN, fixed sinusoids, one shared embedding matrix, d_k = d_model / h.
     ``ctranslate2`` is CTranslate2's ``TransformerSpec``, which also takes learned positions and pre-LN;
-    neither has our rotary attention or a model without positions.
+    neither has our rotary attention, position biases or a model without positions, and both take the
+    paper's components only (multi-head attention with a key/value head per head, the ReLU network,
+    LayerNorm) in stacks of one depth.
     """
     engine = "MarianMTModel" if target == "hf" else "CTranslate2's TransformerSpec"
     why = f"cannot be exported to format={target}: {engine}"
     allowed_positions = ("sinusoidal",) if target == "hf" else ("sinusoidal", "learned")
-    if cfg.positional not in allowed_positions:
-        raise FieldError("positional", cfg.positional, f"{why} has {' or '.join(allowed_positions)} positions")
+    if cfg.positional_name not in allowed_positions:
+        allowed = f"{why} has {' or '.join(allowed_positions)} positions"
+        raise FieldError("positional", describe(cfg.positional), allowed)
+    for kind in ("attention", "feed_forward", "norm"):
+        if not is_paper(kind, getattr(cfg, kind)):
+            raise FieldError(kind, describe(getattr(cfg, kind)), f"{why} has the paper's {kind.replace('_', '-')} only")
+    if cfg.encoder_depth != cfg.decoder_depth:
+        raise FieldError("decoder_layers", cfg.decoder_depth, f"{why} has stacks of one depth")
     if cfg.norm_first and target == "hf":
         raise FieldError("norm_first", cfg.norm_first, f"{why} is post-LN (the paper's §3.1) only")
     if not cfg.share_embeddings:
