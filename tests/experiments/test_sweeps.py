@@ -30,6 +30,7 @@ from helpers.runs import REPO
 from helpers.sweeps import GRID, seeded, sweep_file, sweep_main
 from helpers.wandb_records import offline_runs
 
+CONF = REPO / "conf"
 SWEEP_FILES = sorted((REPO / "sweeps").glob("*.yaml"))
 
 
@@ -37,11 +38,19 @@ def test_every_ablation_has_a_multi30k_and_a_paper_scale_sweep() -> None:
     names = {path.stem for path in SWEEP_FILES}
     for ablation in ("heads", "dk", "positional", "size", "regularization"):
         assert {f"{ablation}_mini", f"{ablation}_wmt14"} <= names
-    covered = set()
+    covered, rows2025 = set(), {}
     for path in SWEEP_FILES:
         experiments = load_sweep(path)["parameters"].get("experiment", {}).get("values", [])
-        covered |= {value.split("/")[1] for value in experiments}
+        covered |= {value.split("/")[1] for value in experiments if value.split("/")[0] in ("mini", "table3")}
+        for value in experiments:
+            family, row = value.split("/")
+            if family.endswith("2025"):
+                rows2025.setdefault(family, set()).add(row)
     assert covered == set(ROWS) - {"E"}  # E: the positional sweeps (learned)
+    # Table 3 for 2025: every row at both scales, each row an experiment of both
+    rows = {path.stem for path in (CONF / "experiment" / "mini2025").glob("*.yaml")}
+    assert rows2025 == {"mini2025": rows, "table2025": rows}
+    assert rows == {path.stem for path in (CONF / "experiment" / "table2025").glob("*.yaml")}
 
 
 @pytest.mark.slow
@@ -57,6 +66,8 @@ def test_sweep_file_parses_and_every_setting_composes(path: Path) -> None:
     assert len(trials) == math.prod(sizes)  # a grid: every combination once
     assert len({json.dumps(t, sort_keys=True) for t in trials}) == len(trials)
     family = "mini" if path.stem.endswith("_mini") else "table3"
+    if path.stem.startswith("table2025"):
+        family = "mini2025" if family == "mini" else "table2025"
     settings = {}
     for params in trials:
         command = trial_command(config, params)
