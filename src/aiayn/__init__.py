@@ -9,7 +9,8 @@ The subpackages are layers, from the inside out; each imports only itself and th
 :mod:`aiayn.machine` serve them all.
 
 From Python: ``aiayn.load(checkpoint)`` (translate, n-best, score), ``aiayn.train(overrides)`` and
-``aiayn.runs(folder)`` (:mod:`aiayn.cli.api`), imported on first use: ``import aiayn`` stays light.
+``aiayn.runs(folder)`` (:mod:`aiayn.cli.api`), and ``aiayn.check_component(kind, spec)``, the component
+test kit (:mod:`aiayn.experiments.component_kit`), imported on first use: ``import aiayn`` stays light.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-API = ("load", "train", "runs")
+API = {"load": "aiayn.cli.api", "train": "aiayn.cli.api", "runs": "aiayn.cli.api"}
+API["check_component"] = "aiayn.experiments.component_kit"
 
 
 def __getattr__(name: str) -> Any:
     if name in API:
-        from aiayn.cli import api
+        from importlib import import_module
 
-        return getattr(api, name)
+        return getattr(import_module(API[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
