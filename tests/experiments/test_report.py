@@ -106,6 +106,23 @@ def test_settings_are_averaged_over_seeds_beside_the_paper_rows(positional_sweep
 
 
 @pytest.mark.slow
+def test_table_2025_compares_each_component_with_the_2017_base_row(tmp_path: Path) -> None:
+    """Rows found before base (folder order) still come after it: base is the reference of every p-value;
+    a positional spec shows as its name and arguments."""
+    hypotheses = {"alibi": ["a b c", "d e f"], "t5": ["a b", "d e"], "base": ["a b c", "d e"]}
+    for row, bleu in (("alibi", 24.0), ("t5", 23.0), ("base", 22.0)):
+        for seed in (1, 2):
+            overrides = [f"experiment=mini2025/{row}", f"seed={seed}"]
+            fake_run(tmp_path / "t" / f"{row},{seed}", overrides, bleu + seed, 9.0, hypotheses=hypotheses[row])
+    rows = table_rows(write_report([tmp_path / "t"], tmp_path / "t").markdown)
+    assert list(rows) == ["experiment=mini2025/base", "experiment=mini2025/alibi", "experiment=mini2025/t5"]
+    base, alibi, t5 = rows.values()
+    assert (base["positional"], alibi["positional"]) == ("sinusoidal", "alibi")
+    assert t5["positional"] == "t5(n_buckets=32, max_distance=128)"
+    assert base["p (test)"] == "" and alibi["p (test)"] not in ("", "not tested")
+
+
+@pytest.mark.slow
 def test_plots_follow_what_the_settings_vary(tmp_path: Path) -> None:
     for row, bleu in (("A1", 18.0), ("A2", 20.0), ("base", 21.0), ("A4", 19.0)):
         fake_run(tmp_path / "heads" / row, [f"experiment=mini/{row}", "seed=1"], bleu, 10.0)

@@ -180,11 +180,15 @@ def is_paper(kind: str, value: Mapping[str, Any] | None) -> bool:
 
 
 def describe(value: str | Mapping[str, Any] | None) -> str:
-    """A spec in a few characters, for messages, reports and model cards: ``MultiHeadAttention(kv_heads=2)``;
-    a name stays itself, null is ``paper``."""
+    """A spec in a few characters, for messages, reports and model cards: ``MultiHeadAttention(kv_heads=2)``,
+    a built-in position by its name (``t5(n_buckets=32, max_distance=128)``); a name stays itself, null is
+    ``paper``."""
     if value is None:
         return "paper"
     if isinstance(value, str):
         return value
+    target = str(value.get("_target_"))
+    names = {target_of(cls): name for name, cls in POSITIONAL_NAMES.items()}
+    name = names.get(target, target.rsplit(".", 1)[-1])
     arguments = ", ".join(f"{key}={argument}" for key, argument in value.items() if key != "_target_")
-    return f"{str(value.get('_target_')).rsplit('.', 1)[-1]}({arguments})"
+    return f"{name}({arguments})" if arguments or name not in names.values() else name

@@ -158,6 +158,16 @@ def is_name(value: Any) -> bool:
     return isinstance(value, str) and NAME.fullmatch(value) is not None
 
 
+def is_spec(value: Any) -> bool:
+    """A component spec as config.yaml stores it: ``{_target_: a.Class, <argument>: <name or number>}``."""
+    return (
+        isinstance(value, dict)
+        and len(value) <= 32
+        and is_name(value.get("_target_"))
+        and all(is_name(key) and (v is None or is_name(v) or number_in(-1e12, 1e12)(v)) for key, v in value.items())
+    )
+
+
 def is_text(value: Any, longest: int = 1000) -> bool:
     return isinstance(value, str) and len(value) <= longest and CONTROL.search(value) is None
 

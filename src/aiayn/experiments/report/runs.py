@@ -21,6 +21,7 @@ from aiayn.experiments.report.records import (
     field_of,
     is_name,
     is_overrides,
+    is_spec,
     is_text,
     malformed,
     number_in,
@@ -32,6 +33,7 @@ from aiayn.experiments.results import ANSWERS, RESULTS_FILE
 from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE_FILE, SweepError, read_trials
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
+from aiayn.model.components import describe
 from aiayn.training.metrics import EVALUATED_CHECKPOINTS, METRICS_CSV, metric_rows
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,7 @@ COLUMN_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "model.d_v": MODEL_SIZE,
     "model.dropout": (number_in(0, 1), "must be a probability from 0 to 1"),
     "optim.label_smoothing": (number_in(0, 1), "must be a probability from 0 to 1"),
-    "model.positional": (is_name, "must be the name of a positional encoding"),
+    "model.positional": (lambda v: is_name(v) or is_spec(v), "must be the name of a positional encoding or a spec"),
 }
 ANY_COLUMN = (lambda v: is_name(v) or number_in(-1e12, 1e12)(v), "must be a number or a name")  # one added later
 CONFIG_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
@@ -161,6 +163,7 @@ def read_run(folder: Path) -> Run:
     answer = answer_of(checked, results, folder / RESULTS_FILE)
     config = read_record(folder / CONFIG)
     columns = [field_of(config, key, folder / CONFIG, *COLUMN_FIELDS.get(key, ANY_COLUMN)) for _, key in COLUMNS]
+    columns = [describe(value) if isinstance(value, dict) else value for value in columns]  # a component spec
     stored = {key: field_of(config, key, folder / CONFIG, *check) for key, *check in CONFIG_FIELDS}
     chosen = [o.lstrip("+") for o in defining_overrides(checked["overrides"])]
     data = stored["data"]

@@ -131,9 +131,13 @@ def labelled(settings: Sequence[Setting]) -> None:
 
 
 def ordered(settings: Sequence[Setting]) -> list[Setting]:
-    """The reference setting first (the one that is Table 3's base row, else the first found), then
-    Table 3's rows in the paper's order, then the rest as found."""
-    base = next((s for s in settings if s.paper_row == "base"), settings[0])
+    """The reference setting first (the one that is Table 3's base row, else one chosen as a family's
+    base row, ``experiment=mini2025/base``, else the first found), then Table 3's rows in the paper's
+    order, then the rest as found."""
+    named_base = (
+        s for s in settings if any(o.startswith("experiment=") and o.endswith("/base") for o in s.runs[0].overrides)
+    )
+    base = next((s for s in settings if s.paper_row == "base"), None) or next(named_base, settings[0])
     rows = sorted(
         (s for s in settings if s is not base), key=lambda s: ROW_ORDER.get(s.paper_row or "", len(ROW_ORDER))
     )
