@@ -109,6 +109,19 @@ def test_the_raced_batches_span_the_epochs_lengths_and_the_ratios_are_taken_roun
     assert workload.ratio_spread([2.0, 4.0, 9.0], [1.0, 3.0, 3.0]) == {"median": 2.0, "min": 1.333, "max": 3.0}
 
 
+def test_components_races_each_2025_row_against_base_on_the_same_batches(
+    run_benchmark: Benchmark, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stepped = stepped_batches(monkeypatch, "workload", "race")
+    rows = ["swiglu", "grouped_query"]
+    result = run_benchmark("components.py", "--rows", *rows, "--steps", "2", "--rounds", "1")
+    assert all(stepped[row] == stepped["batches"] * 2 for row in ["base", *rows])  # warm-up, then the round
+    base, swiglu, grouped = (result[row] for row in ["base", *rows])
+    assert base["vs_base"] == 1.0 and min(r["tokens_per_s"] for r in result.values()) > 0
+    assert abs(swiglu["params"] / base["params"] - 1) < 0.01  # SwiGLU at the paper's parameters
+    assert grouped["params"] < base["params"] and grouped["flops_per_token"] < base["flops_per_token"]
+
+
 def test_padding_compares_the_batches_by_size_with_those_by_longer_side_over_epochs(run_benchmark: Benchmark) -> None:
     result = run_benchmark("padding.py", "--epochs", "2")
     by_size, by_side = result["size"], result["size, longer side"]
