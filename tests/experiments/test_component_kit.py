@@ -33,7 +33,7 @@ def one_thread() -> None:
 @pytest.mark.parametrize("entry", ENTRIES, ids=lambda path: f"{path.parent.name}/{path.stem}")
 def test_every_built_in_component_passes_the_kit(entry: Path) -> None:
     report = aiayn.check_component(entry.parent.name, yaml.safe_load(entry.read_text()))
-    assert report.failed == {} and len(report.passed) == 9
+    assert report.failed == {} and len(report.passed) == 10
 
 
 def test_a_users_own_attention_from_outside_the_package_passes_the_kit(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -60,6 +60,13 @@ class ForgetsTheCache(MultiHeadAttention):
         return super().forward(query, memory, key_padding_mask, causal, None, **options)
 
 
+class ForgetsPositions(MultiHeadAttention):
+    """Never rotates or biases by position: a bag of words under RoPE, ALiBi or T5."""
+
+    def forward(self, query, memory=None, key_padding_mask=None, causal=False, cache=None, packed=None, positions=None):
+        return super().forward(query, memory, key_padding_mask, causal, cache, packed, None)
+
+
 class SharesNothing(nn.Module):
     """A norm without parameters whose output grows with every call: neither deterministic nor resumable."""
 
@@ -77,6 +84,7 @@ class SharesNothing(nn.Module):
     [
         ("attention", ForgetsPadding, {"padding"}),
         ("attention", ForgetsTheCache, {"cache"}),
+        ("attention", ForgetsPositions, {"positions"}),
         ("norm", SharesNothing, {"determinism", "resume"}),
     ],
 )

@@ -31,16 +31,33 @@ def test_a_spec_naming_a_class_nobody_trusted_is_refused_without_importing_it(
     assert not (tmp_path / "imported").exists() and "shared_trap" not in sys.modules
 
 
-def test_a_registered_class_is_built_and_must_be_a_module_of_its_kind() -> None:
-    class Plain(nn.Module):
-        pass
+class Plain(nn.Module):
+    pass
 
+
+class Norm(nn.LayerNorm):
+    pass
+
+
+def test_a_registered_class_is_built_and_must_be_a_module_of_its_kind() -> None:
     register_component(Plain)
     name = f"{Plain.__module__}.{Plain.__qualname__}"
     with pytest.raises(FieldError, match=r"is not a subclass of aiayn.model.positional.PositionalEncoding$"):
         Transformer(TransformerConfig(vocab_size=10, n_layers=1, positional={"_target_": name}))
     with pytest.raises(FieldError, match=r"^component=.* must be a torch.nn.Module class$"):
         register_component(dict)  # type: ignore[arg-type]
+
+
+def test_a_class_is_trusted_by_the_name_a_package_re_exports_it_by() -> None:
+    register_component(Norm, "my_package.Norm")
+    model = Transformer(TransformerConfig(vocab_size=10, n_layers=1, norm={"_target_": "my_package.Norm"}))
+    assert type(model.encoder[0].ffn_block.norm) is Norm
+
+
+@pytest.mark.parametrize("target", ["nodot", "a.b\nc", "os.system; rm", "a." + "b" * 300])
+def test_a_target_must_be_a_dotted_name(target: str) -> None:
+    with pytest.raises(FieldError, match=r"^attention=.* must be null or a spec"):
+        TransformerConfig(vocab_size=10, attention={"_target_": target})
 
 
 @pytest.mark.parametrize(

@@ -83,9 +83,9 @@ def transformer_config(cfg: DictConfig) -> TransformerConfig:
         settings.pop(key, None)
     settings |= {"vocab_size": cfg.data.vocab_size, "pad_id": PAD_ID}
     check_known("model", settings, *parameters(TransformerConfig))
-    check_choices(settings)
-    trust_named(settings)
     with config_keys("model", MODEL_FIELD_KEYS):
+        check_choices(settings)
+        trust_named(settings)
         model = TransformerConfig(**settings)
         with torch.device("meta"):  # every component's arguments checked, nothing allocated
             Transformer(model)

@@ -25,7 +25,7 @@ def trust(key: str, target: Any) -> None:
         reason = str(error).splitlines()[0]
         raise ConfigError(key, target, f"cannot be imported ({reason}): put its module on PYTHONPATH") from None
     try:
-        register_component(cls)
+        register_component(cls, target)  # also by the name given, which may be a package's re-export
     except Exception:  # a FieldError: not a module class
         raise ConfigError(key, target, "is not a torch.nn.Module class") from None
 
@@ -60,6 +60,6 @@ def check_choices(model: Mapping[str, Any]) -> None:
         choice = choices.get(f"model/{kind}")
         if choice and not isinstance(model.get(kind), Mapping):
             raise ConfigError(
-                f"model.{kind}", model.get(kind), f"replaces the choice model/{kind}={choice} (an experiment sets "
-                f"model.{kind} after it): choose one, model/{kind}=<entry> or model.{kind}=<value>",
+                f"model.{kind}", model.get(kind), f"replaces the choice model/{kind}={choice} (an experiment or "
+                f"override sets model.{kind} after it): choose one, model/{kind}=<entry> or model.{kind}=<value>",
             )  # fmt: skip

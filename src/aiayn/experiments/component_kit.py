@@ -10,6 +10,8 @@ with the component in its place (in float64, dropout off, so that equal means eq
 - ``causal``: changing later target tokens changes no earlier position's logits;
 - ``cache``: incremental decoding with the key/value cache, and after beam search reorders its rows,
   gives the logits of recomputing the whole prefix;
+- ``positions`` (attention): the two checks above also hold under T5's bias and RoPE's rotation, and the
+  encoder tells word order apart under each (an attention that ignores ``positions`` fails);
 - ``determinism``: the same seed builds the same weights; two passes give the same output;
 - ``gradients``: a training step's gradients are finite and reach the component's own parameters;
 - ``resume``: training 3 steps, saving model and Adam state (``weights_only`` load, as checkpoints are
@@ -36,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from aiayn.errors import FieldError, first_line
 from aiayn.export.folder import FORMATS, check_exportable
-from aiayn.model import Transformer, TransformerConfig, forward_flops
+from aiayn.model import PositionalEncoding, Transformer, TransformerConfig, forward_flops
 from aiayn.model.components import KINDS, component_class, spec_parts
 from aiayn.model.weights import check_weights
 
@@ -78,6 +80,7 @@ def check_component(kind: str, spec: Mapping[str, Any], model: Mapping[str, Any]
         "padding": _padding,
         "causal": _causal,
         "cache": _cache,
+        "positions": lambda c, r: _positions(c, r, kind),
         "determinism": _determinism,
         "gradients": lambda c, r: _gradients(c, r, kind),
         "resume": _resume,
@@ -155,6 +158,23 @@ def _cache(cfg: TransformerConfig, report: KitReport) -> None:
     torch.testing.assert_close(step, expected, **TOLERANCE, msg="cached decoding differs after reordering rows")
 
 
+def _positions(cfg: TransformerConfig, report: KitReport, kind: str) -> None:
+    """An attention under positions that act inside it (T5's bias, RoPE's rotation): padding and cached
+    decoding still hold, and the encoder tells word order apart (reversing the source does not merely
+    reverse its states)."""
+    if kind != "attention":
+        return
+    for positional in ("t5", "rope"):
+        placed = replace(cfg, positional=positional)
+        _padding(placed, report)
+        _cache(placed, report)
+        model = _model(placed)
+        src = _tokens(SOURCE[0])
+        forward, _ = model.encode(src)
+        backward, _ = model.encode(src.flip(1))
+        assert not torch.allclose(forward, backward.flip(1)), f"the attention ignores positional={positional}"
+
+
 def _determinism(cfg: TransformerConfig, report: KitReport) -> None:
     first, second = _model(cfg, seed=3), _model(cfg, seed=3)
     for (name, a), b in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
@@ -225,7 +245,8 @@ def _resume(cfg: TransformerConfig, report: KitReport) -> None:
 
 
 def _flops(cfg: TransformerConfig, report: KitReport, kind: str, target: str) -> None:
-    counts_itself = any("flops" in vars(cls) for cls in component_class(kind, target).__mro__[:-1])
+    inherited = (PositionalEncoding, object)  # the base's flops counts no positional work: not the class's own
+    counts_itself = any("flops" in vars(c) for c in component_class(kind, target).__mro__ if c not in inherited)
     model = _model(cfg)
     src, tgt = _tokens(SOURCE[0]), _tokens(TARGET[0])
     # The math kernel is made of the products the counter sees; CPU FlashAttention is not counted by it.

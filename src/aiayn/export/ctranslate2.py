@@ -99,7 +99,10 @@ def transformer_spec(model: Transformer, pieces: list[str]) -> Any:
     check_exportable(cfg, "ctranslate2")
     weights = {name: tensor.detach().float().cpu().numpy() for name, tensor in model.state_dict().items()}
     spec = TransformerSpec.from_config(
-        cfg.n_layers, cfg.n_heads, pre_norm=cfg.norm_first, activation=common_spec.Activation.RELU
+        (cfg.encoder_depth, cfg.decoder_depth),
+        cfg.n_heads,
+        pre_norm=cfg.norm_first,
+        activation=common_spec.Activation.RELU,
     )
 
     def linear(target: Any, name: str) -> None:

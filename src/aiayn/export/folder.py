@@ -43,7 +43,8 @@ def check_exportable(cfg: TransformerConfig, target: str) -> None:
         if not is_paper(kind, getattr(cfg, kind)):
             raise FieldError(kind, describe(getattr(cfg, kind)), f"{why} has the paper's {kind.replace('_', '-')} only")
     if cfg.encoder_depth != cfg.decoder_depth:
-        raise FieldError("decoder_layers", cfg.decoder_depth, f"{why} has stacks of one depth")
+        field = "decoder_layers" if cfg.decoder_layers is not None else "encoder_layers"
+        raise FieldError(field, getattr(cfg, field), f"{why} has stacks of one depth")
     if cfg.norm_first and target == "hf":
         raise FieldError("norm_first", cfg.norm_first, f"{why} is post-LN (the paper's §3.1) only")
     if not cfg.share_embeddings:

@@ -49,8 +49,8 @@ def marian_config(cfg: TransformerConfig) -> Any:
         vocab_size=cfg.vocab_size,
         decoder_vocab_size=cfg.vocab_size,
         d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers,
-        decoder_layers=cfg.n_layers,
+        encoder_layers=cfg.encoder_depth,
+        decoder_layers=cfg.decoder_depth,
         encoder_attention_heads=cfg.n_heads,
         decoder_attention_heads=cfg.n_heads,
         encoder_ffn_dim=cfg.d_ff,
@@ -117,7 +117,7 @@ def marian_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         out[f"{marian_prefix}.fc2.weight"] = writes(ours[f"{ours_prefix}.ffn.w2.weight"])
         out[f"{marian_prefix}.fc2.bias"] = writes(ours[f"{ours_prefix}.ffn.w2.bias"])
 
-    for i in range(cfg.n_layers):
+    for i in range(cfg.encoder_depth):  # as deep as the decoder (check_exportable)
         src, dst = f"encoder.{i}", f"model.encoder.layers.{i}"
         attention(f"{src}.self_attn", f"{dst}.self_attn", fused=True)
         norm(f"{src}.attn_block", f"{dst}.self_attn_layer_norm")

@@ -90,7 +90,8 @@ def model_card(record: Mapping[str, Any], target: str, scores: Mapping[str, Any]
         "",
         "## Model",
         "",
-        f"{model.get('n_layers')} encoder and decoder layers, d_model {model.get('d_model')}, d_ff "
+        f"{model.get('encoder_layers') or model.get('n_layers')} encoder and "
+        f"{model.get('decoder_layers') or model.get('n_layers')} decoder layers, d_model {model.get('d_model')}, d_ff "
         f"{model.get('d_ff')}, {model.get('n_heads')} heads, {model.get('positional')} positions, "
         f"{'pre' if model.get('norm_first') else 'post'}-LN, vocabulary {model.get('vocab_size')}"
         + (f"; {scores['params']:,} parameters." if scores else "."),

@@ -152,10 +152,11 @@ class MultiHeadAttention(nn.Module):
     def _heads(self, x: torch.Tensor, head_dim: int, heads: int | None = None) -> torch.Tensor:
         return x.unflatten(-1, (heads or self.n_heads, head_dim)).transpose(1, 2)  # (B, heads, T, head_dim)
 
-    def _shared(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, kv_heads, S, d) → (B, n_heads, S, d): each key/value head serves its group of query heads."""
+    def _shared(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Key/value heads along ``dim`` → query heads: each key/value head serves its group of
+        ``n_heads / kv_heads`` query heads ((B, kv_heads, S, d) → (B, n_heads, S, d) by default)."""
         groups = self.n_heads // self.kv_heads
-        return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+        return x if groups == 1 else x.repeat_interleave(groups, dim=dim)
 
     def forward(
         self,
@@ -251,10 +252,9 @@ class MultiHeadAttention(nn.Module):
             q = self.q_proj(queries.pack(query))
             k, v = self.kv_proj(keys.pack(memory)).split((kv * d_k, kv * d_v), dim=-1)
             key_width = memory.size(1)
-        if kv != h:  # the nested kernels take as many key/value heads as query heads
-            groups = h // kv
-            k = k.unflatten(-1, (kv, d_k)).repeat_interleave(groups, dim=-2).flatten(-2)
-            v = v.unflatten(-1, (kv, d_v)).repeat_interleave(groups, dim=-2).flatten(-2)
+        # the nested kernels take as many key/value heads as query heads
+        k = self._shared(k.unflatten(-1, (kv, d_k)), dim=-2).flatten(-2)
+        v = self._shared(v.unflatten(-1, (kv, d_v)), dim=-2).flatten(-2)
         out = scaled_dot_product_attention(
             queries.nested(q, h, width),
             keys.nested(k, h, key_width),

@@ -20,12 +20,13 @@ What each kind is called with and must return (``docs/components.md`` has the wh
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
-from aiayn.errors import FieldError
+from aiayn.errors import FieldError, first_line
 from aiayn.model.attention import MultiHeadAttention
 from aiayn.model.feed_forward import FeedForward, GatedFeedForward
 from aiayn.model.positional import (
@@ -51,6 +52,7 @@ POSITIONAL_NAMES: dict[str, type[PositionalEncoding]] = {
     "t5": T5RelativeBias,
     "shaw": ShawRelativePositions,
 }
+POSITIONAL_TARGETS = {f"{cls.__module__}.{cls.__qualname__}": name for name, cls in POSITIONAL_NAMES.items()}
 BUILT_IN: dict[str, tuple[type[nn.Module], ...]] = {
     "attention": (MultiHeadAttention,),
     "feed_forward": (FeedForward, GatedFeedForward),
@@ -60,6 +62,9 @@ BUILT_IN: dict[str, tuple[type[nn.Module], ...]] = {
 # torch's public names of its classes, besides where they are defined (torch.nn.modules.normalization).
 PUBLIC_NAMES = {"torch.nn.LayerNorm": nn.LayerNorm, "torch.nn.RMSNorm": nn.RMSNorm}
 BASES: dict[str, type[nn.Module]] = {"positional": PositionalEncoding}
+# The class each kind is counted and compared as when a spec names another: the paper's, or no positions.
+FALLBACK: dict[str, type[nn.Module]] = PAPER | {"positional": PositionalEncoding}
+DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 _registered: dict[str, type[nn.Module]] = {}
 
 
@@ -77,12 +82,15 @@ def _check_class(kind: str, cls: object) -> type[nn.Module]:
     return cls
 
 
-def register_component(cls: type[nn.Module]) -> type[nn.Module]:
+def register_component(cls: type[nn.Module], name: str | None = None) -> type[nn.Module]:
     """Trust ``cls`` as a component in this process: specs naming it (also those a checkpoint carries)
-    build it. Returns ``cls``, so that it may decorate the class."""
+    build it, by the module that defines it or by ``name``, another dotted name it is imported by (a
+    package's re-export). Returns ``cls``, so that it may decorate the class."""
     if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
         raise FieldError("component", cls, "must be a torch.nn.Module class")
     _registered[target_of(cls)] = cls
+    if name is not None:
+        _registered[name] = cls
     return cls
 
 
@@ -112,8 +120,10 @@ def component_class(kind: str, target: str) -> type[nn.Module]:
 def spec(kind: str, value: Any) -> dict[str, Any]:
     """A ``kind`` component spec as a plain dict, checked for shape only (nothing is imported): a mapping
     whose ``_target_`` is a dotted name and whose other keys are names."""
-    if not isinstance(value, Mapping) or not isinstance(value.get("_target_"), str) or "." not in value["_target_"]:
-        raise FieldError(kind, value, "must be null or a spec {_target_: package.module.Class, <arguments>}")
+    target = value.get("_target_") if isinstance(value, Mapping) else None
+    if not isinstance(target, str) or len(target) > 200 or not DOTTED.fullmatch(target):
+        allowed = "a name of aiayn's or" if kind == "positional" else "null or"
+        raise FieldError(kind, value, f"must be {allowed} a spec {{_target_: package.module.Class, <arguments>}}")
     for key in value:
         if not isinstance(key, str) or not (key == "_target_" or key.isidentifier()):
             raise FieldError(kind, value, f"has an argument {key!r} that is not a name")
@@ -147,7 +157,7 @@ def build(kind: str, value: Mapping[str, Any] | None, *args: Any, **sizes: Any) 
     except FieldError:
         raise
     except (TypeError, ValueError) as error:
-        raise FieldError(kind, target_of(cls), f"cannot be built with {arguments}: {error}") from None
+        raise FieldError(kind, target_of(cls), f"cannot be built with {arguments}: {first_line(error)}") from None
 
 
 def cost_class(kind: str, value: Mapping[str, Any] | None) -> tuple[type, dict[str, Any]]:
@@ -155,15 +165,13 @@ def cost_class(kind: str, value: Mapping[str, Any] | None) -> tuple[type, dict[s
     is known here and has ``flops``, else the paper's (a user's component that does not count itself is
     counted as the one it replaces)."""
     if value is None:
-        return PAPER[kind], {}
+        return FALLBACK[kind], {}
     target, arguments = spec_parts(kind, value)
     try:
         cls = component_class(kind, target)
-    except FieldError:
-        cls = PAPER.get(kind, PositionalEncoding)
-    if not hasattr(cls, "flops"):
-        return PAPER.get(kind, PositionalEncoding), {}
-    return cls, arguments
+    except FieldError:  # not trusted here: nothing of it is imported to count it
+        return FALLBACK[kind], {}
+    return (cls, arguments) if hasattr(cls, "flops") else (FALLBACK[kind], {})
 
 
 def is_paper(kind: str, value: Mapping[str, Any] | None) -> bool:
@@ -173,7 +181,7 @@ def is_paper(kind: str, value: Mapping[str, Any] | None) -> bool:
         return True
     target, arguments = spec_parts(kind, value)
     cls = _built_in(kind).get(target)
-    if cls is not PAPER.get(kind):
+    if cls is None or cls is not PAPER.get(kind):
         return False
     accepted = inspect.signature(cls).parameters
     return all(key in accepted and accepted[key].default == argument for key, argument in arguments.items())
@@ -188,7 +196,6 @@ def describe(value: str | Mapping[str, Any] | None) -> str:
     if isinstance(value, str):
         return value
     target = str(value.get("_target_"))
-    names = {target_of(cls): name for name, cls in POSITIONAL_NAMES.items()}
-    name = names.get(target, target.rsplit(".", 1)[-1])
+    name = POSITIONAL_TARGETS.get(target, target.rsplit(".", 1)[-1])
     arguments = ", ".join(f"{key}={argument}" for key, argument in value.items() if key != "_target_")
-    return f"{name}({arguments})" if arguments or name not in names.values() else name
+    return f"{name}({arguments})" if arguments or target not in POSITIONAL_TARGETS else name

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiayn.errors import FieldError, is_number, whole
-from aiayn.model.components import POSITIONAL_NAMES, spec, target_of
+from aiayn.model.components import POSITIONAL_NAMES, POSITIONAL_TARGETS, spec, target_of
 
 # The names model.positional takes; a spec {_target_: ...} names any other positional component.
 POSITIONAL_ENCODINGS = tuple(POSITIONAL_NAMES)
@@ -78,9 +78,9 @@ class TransformerConfig:
                 f"must be one of {', '.join(POSITIONAL_ENCODINGS)} or a spec {{_target_: ...}}",
             )
         # Sinusoids come in sine/cosine pairs, one pair per two dimensions (§3.5); rotations turn pairs of d_k.
-        if self.positional == "sinusoidal" and self.d_model % 2:
+        if self.positional_name == "sinusoidal" and self.d_model % 2:
             raise FieldError("d_model", self.d_model, "must be even for positional=sinusoidal")
-        if self.positional == "rope" and self.d_k % 2:
+        if self.positional_name == "rope" and self.d_k % 2:
             raise FieldError("d_k", self.d_k, "must be even for positional=rope")
 
     @property
@@ -96,8 +96,7 @@ class TransformerConfig:
         """``positional``'s name, also when a spec names a built-in without arguments; None for others."""
         if isinstance(self.positional, str):
             return self.positional
-        names = {target_of(cls): name for name, cls in POSITIONAL_NAMES.items()}
-        return names.get(self.positional["_target_"]) if len(self.positional) == 1 else None
+        return POSITIONAL_TARGETS.get(self.positional["_target_"]) if len(self.positional) == 1 else None
 
     @property
     def positional_spec(self) -> dict[str, Any]:

@@ -168,10 +168,6 @@ class ALiBi(PositionalEncoding):
         distance = relative_positions(q.size(-2), keys, offset, q.device).abs()
         return -(self.slopes[:, None, None] * distance).to(q.dtype)[None]  # (1, h, T, S)
 
-    @staticmethod
-    def flops(*, n_heads: int, d_k: int, queries: int, keys: int, **args: object) -> int:
-        return 0
-
 
 def t5_buckets(relative: torch.Tensor, bidirectional: bool, n_buckets: int, max_distance: int) -> torch.Tensor:
     """T5's bucket of each relative position ``j - i`` (Raffel et al. 2020, §2.1, their released code):

@@ -157,12 +157,16 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def attention_maps(self, src: torch.Tensor, tgt_in: torch.Tensor) -> dict[str, torch.Tensor]:
         """Attention weights of one teacher-forced pass, each (n_layers, B, n_heads, queries, keys), for
-        ``encoder_self``, ``decoder_self`` and ``cross`` attention (§3.2.3), in eval mode (no dropout)."""
+        ``encoder_self``, ``decoder_self`` and ``cross`` attention (§3.2.3), in eval mode (no dropout). An
+        attention component records its weights when it has a ``recorded`` attribute (None, or a list it
+        appends each pass's weights to, as :class:`~aiayn.model.attention.MultiHeadAttention` does); a
+        kind whose modules do not is left out."""
         kinds = {
             "encoder_self": [layer.self_attn for layer in self.encoder],
             "decoder_self": [layer.self_attn for layer in self.decoder],
             "cross": [layer.cross_attn for layer in self.decoder],
         }
+        kinds = {kind: layers for kind, layers in kinds.items() if all(hasattr(m, "recorded") for m in layers)}
         modules = [module for layers in kinds.values() for module in layers]
         was_training = self.training
         self.eval()

@@ -164,7 +164,10 @@ def is_spec(value: Any) -> bool:
         isinstance(value, dict)
         and len(value) <= 32
         and is_name(value.get("_target_"))
-        and all(is_name(key) and (v is None or is_name(v) or number_in(-1e12, 1e12)(v)) for key, v in value.items())
+        and all(
+            is_name(key) and (v is None or isinstance(v, bool) or is_name(v) or number_in(-1e12, 1e12)(v))
+            for key, v in value.items()
+        )
     )
 
 
