@@ -52,11 +52,15 @@ def test_model_options_build_a_transformer(option: str) -> None:
 
 
 @pytest.mark.parametrize("component", [name for name in options("model") if "/" in name])
-def test_each_component_entry_builds_the_class_it_names_in_every_layer(component: str) -> None:
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_each_component_entry_builds_the_class_it_names_in_every_layer(component: str, norm_first: bool) -> None:
     kind, entry = component.split("/")
-    cfg = compose_config("train", ["model=tiny", f"model/{kind}={entry}", "data.vocab_size=1000"])
+    overrides = ["model=tiny", f"model/{kind}={entry}", "data.vocab_size=1000", f"model.norm_first={norm_first}"]
+    cfg = compose_config("train", overrides)
     spec = cfg.model[kind]
-    model = Transformer(transformer_config(cfg))
+    model = Transformer(transformer_config(cfg)).eval()
+    logits = model(torch.tensor([[5, 6, 7, 3, 0]]), torch.tensor([[2, 9, 10]]))
+    assert logits.shape == (1, 3, 1000) and torch.isfinite(logits).all()
     built = {
         "attention": [layer.self_attn for layer in model.encoder] + [layer.cross_attn for layer in model.decoder],
         "feed_forward": [layer.ffn for layer in [*model.encoder, *model.decoder]],
