@@ -36,10 +36,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+from aiayn.config.components import trust
 from aiayn.errors import FieldError, first_line
 from aiayn.export.folder import FORMATS, check_exportable
-from aiayn.model import PositionalEncoding, Transformer, TransformerConfig, forward_flops
-from aiayn.model.components import KINDS, component_class, spec_parts
+from aiayn.model import PositionalEncoding, Transformer, TransformerConfig, forward_flops, register_component
+from aiayn.model.components import KINDS, component_class, is_built_in, spec_parts, target_of
 from aiayn.model.weights import check_weights
 
 # A model of seconds: every code path of the full one (two layers a stack, several heads, padding).
@@ -65,14 +66,19 @@ class KitReport:
     notes: list[str] = field(default_factory=list)
 
 
-def check_component(kind: str, spec: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> KitReport:
-    """Put the ``kind`` component ``spec`` names through every check of the kit, in a kit-sized model (or
-    one with the settings ``model`` gives instead); raise :class:`ComponentCheckError` listing the
-    failures, else return the report. The class must be a built-in or trusted in this process
-    (:func:`aiayn.model.register_component`, or named by your config)."""
+def check_component(kind: str, spec: Mapping[str, Any] | type, model: Mapping[str, Any] | None = None) -> KitReport:
+    """Put the ``kind`` component through every check of the kit, in a kit-sized model (or one with the
+    settings ``model`` gives instead); raise :class:`ComponentCheckError` listing the failures, else
+    return the report. ``spec`` is a spec (``{_target_: my_package.MyAttention, scale: 10}``) or the class
+    itself; the class it names is imported and trusted in this process, as your config naming it would."""
     if kind not in KINDS:
         raise FieldError("kind", kind, f"must be one of {', '.join(KINDS)}")
+    if isinstance(spec, type):
+        register_component(spec)
+        spec = {"_target_": target_of(spec)}
     target, _ = spec_parts(kind, spec)
+    if not is_built_in(kind, target):
+        trust(f"{kind}._target_", target)
     cfg = TransformerConfig(**{**KIT_MODEL, **(model or {}), kind: dict(spec)})
     report = KitReport(f"{kind}={target}")
     checks: dict[str, Callable[[TransformerConfig, KitReport], None]] = {
