@@ -33,8 +33,9 @@ from aiayn.model import DecodingOptions, Hypothesis, Transformer, TransformerCon
 from aiayn.scoring import corpus_scores
 from aiayn.training.checkpoints import load_checkpoint, load_model, save_checkpoint
 from helpers.extras import dev_extra
+from helpers.hub_standin import hub_stand_in
 from helpers.reference_search import sequence_log_prob
-from helpers.runs import REPO, smoke_run, train_in_process
+from helpers.runs import REPO, exit_status, smoke_run, train_in_process
 
 pytestmark = pytest.mark.slow  # a real training run and the real console scripts
 
@@ -620,3 +621,63 @@ def test_every_exported_folder_has_a_model_card_the_hub_reads(trained: Path, exp
     unscored = hub.ModelCard.load(exported["hf"] / "README.md")
     assert unscored.data.library_name == "transformers" and unscored.data.eval_results is None
     assert "Not recorded" in unscored.text and "MarianMTModel.from_pretrained(folder)" in unscored.text
+
+
+def export_and_push(trained: Path, output: Path, push_to: str, monkeypatch: pytest.MonkeyPatch) -> int:
+    argv = ["aiayn-export", f"checkpoint={trained}", f"output={output}", "format=ctranslate2", f"push_to={push_to}"]
+    return exit_status(export_cli.main, argv, monkeypatch)
+
+
+def test_push_to_uploads_the_exported_folder_with_its_card_in_one_commit_and_stores_no_token(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    hub_module = dev_extra("huggingface_hub")
+    token = "hf_standin_0123456789"
+    with hub_stand_in(tmp_path / "hub") as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        monkeypatch.setenv("HF_TOKEN", token)
+        assert export_and_push(trained, tmp_path / "ct2", "me/aiayn-tiny", monkeypatch) == 0
+        requests = hub.requests
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == f"pushed to me/aiayn-tiny: {hub.url}/me/aiayn-tiny/commit/0a1b2c"
+    local = {p.relative_to(tmp_path / "ct2"): p.read_bytes() for p in (tmp_path / "ct2").rglob("*") if p.is_file()}
+    remote = tmp_path / "hub" / "me" / "aiayn-tiny"
+    assert {p.relative_to(remote): p.read_bytes() for p in remote.rglob("*") if p.is_file()} == local
+    posts = [path for method, path, _ in requests if method == "POST"]
+    assert posts == ["/api/repos/create", "/api/validate-yaml", "/api/models/me/aiayn-tiny/preupload/main",
+                     "/api/models/me/aiayn-tiny/commit/main"]  # fmt: skip
+    assert {auth for method, _, auth in requests if method == "POST"} == {f"Bearer {token}"}
+    assert not any(token.encode() in content for content in local.values()) and token not in out
+    card = hub_module.ModelCard.load(remote / "README.md")
+    assert card.data.library_name == "ctranslate2" and "aiayn" in card.text
+
+
+def test_push_to_is_refused_before_any_export_without_a_token_or_a_repository_id(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login either
+    for push_to, message in (
+        ("me/aiayn-tiny", "push_to=me/aiayn-tiny needs a Hugging Face token: set HF_TOKEN"),
+        ("no owner", "push_to=no owner must be a Hub repository id"),
+    ):
+        assert export_and_push(trained, tmp_path / "ct2", push_to, monkeypatch) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith(f"aiayn-export: error: {message}")
+        assert not (tmp_path / "ct2").exists()
+
+
+def test_a_failed_push_says_so_in_one_line_and_keeps_the_exported_folder(
+    trained: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    with hub_stand_in(tmp_path / "hub") as hub:
+        gone = hub.url  # the stand-in stops: nothing listens there any more
+    monkeypatch.setenv("HF_ENDPOINT", gone)
+    monkeypatch.setenv("HF_TOKEN", "hf_standin_0123456789")
+    assert export_and_push(trained, tmp_path / "ct2", "me/aiayn-tiny", monkeypatch) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith(f"aiayn-export: error: push_to=me/aiayn-tiny: the upload to {gone}")
+    assert (
+        err.endswith(f"the exported folder is kept in {tmp_path / 'ct2'}")
+        and (tmp_path / "ct2" / "model.bin").is_file()
+    )

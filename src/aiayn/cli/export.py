@@ -32,9 +32,11 @@ def run(cfg: DictConfig) -> None:
     with reported_as_usage_errors("aiayn-export"), tool_keys():
         settings = plan_export(cfg, HydraConfig.get().overrides.task)
         scores = checkpoint_scores(settings.checkpoint)
-        export_checkpoint(settings, asdict(scores) if scores else None)
+        pushed = export_checkpoint(settings, asdict(scores) if scores else None)
     what = "MarianMTModel" if settings.format == "hf" else f"CTranslate2 ({settings.quantization})"
     print(f"exported {settings.checkpoint} as {what} to {settings.output}")
+    if pushed:
+        print(f"pushed to {settings.push_to}: {pushed}")
 
 
 if __name__ == "__main__":

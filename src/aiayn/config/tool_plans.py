@@ -105,7 +105,8 @@ def plan_export(cfg: DictConfig, overrides: Iterable[str] = ()) -> ExportSetting
         checkpoint = required_checkpoint(cfg.checkpoint)
         if not cfg.output or not isinstance(cfg.output, str):
             raise ConfigError("output", cfg.output, "must be the path of a new folder to write the model to")
-        return ExportSettings(checkpoint, cfg.format, Path(cfg.output).expanduser(), cfg.quantization)
+        push_to = optional_text(cfg, "push_to", "must be a Hub repository id, <user or org>/<name> (or null)")
+        return ExportSettings(checkpoint, cfg.format, Path(cfg.output).expanduser(), cfg.quantization, push_to)
 
 
 def decode_settings(cfg: DictConfig) -> DecodeSettings:

@@ -12,6 +12,7 @@ from typing import Any
 from aiayn.errors import FieldError, whole
 from aiayn.export import ctranslate2, marian
 from aiayn.export.folder import FORMATS, PROVENANCE_FILE, check_exportable, read_provenance, write_folder
+from aiayn.export.hub import check_push, push_folder
 from aiayn.export.model_card import CARD_FILE, model_card
 from aiayn.extras import require
 from aiayn.model import Transformer
@@ -57,12 +58,13 @@ def averaged_from(sources: Any) -> list[dict[str, Any]] | None:
 class ExportSettings:
     """``aiayn-export``: the ``checkpoint`` whose model is written to the new folder ``output`` as
     ``format`` (``hf``: a MarianMTModel folder; ``ctranslate2``: a CTranslate2 model with weights in
-    ``quantization``)."""
+    ``quantization``), then, with ``push_to``, uploaded to that Hub repository."""
 
     checkpoint: Path
     format: str
     output: Path
     quantization: str = "float32"
+    push_to: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
@@ -73,13 +75,16 @@ class ExportSettings:
         if self.format == "ctranslate2" and self.quantization not in ctranslate2.QUANTIZATIONS:
             allowed = f"must be one of {', '.join(ctranslate2.QUANTIZATIONS)}"
             raise FieldError("quantization", self.quantization, allowed)
+        if self.push_to is not None:
+            check_push(self.push_to)
 
 
-def export_checkpoint(settings: ExportSettings, scores: Mapping[str, Any] | None = None) -> None:
+def export_checkpoint(settings: ExportSettings, scores: Mapping[str, Any] | None = None) -> str | None:
     """Write the checkpoint's model as ``settings`` say, with its model card (``README.md``), which shows
-    ``scores``, what its run's ``results.json`` says of it (None: not known). A model variant the format
-    cannot represent is a :class:`~aiayn.errors.FieldError` naming the model's setting, raised before
-    anything is written."""
+    ``scores``, what its run's ``results.json`` says of it (None: not known), and push the folder where
+    ``settings.push_to`` says (the commit's URL is returned; None without a push). A model variant the
+    format cannot represent is a :class:`~aiayn.errors.FieldError` naming the model's setting, raised
+    before anything is written."""
     path, target = Path(settings.checkpoint), settings.format
     if path.is_dir() and (path / PROVENANCE_FILE).is_file():
         source = read_provenance(path).get("checkpoint")
@@ -103,3 +108,6 @@ def export_checkpoint(settings: ExportSettings, scores: Mapping[str, Any] | None
         (folder / CARD_FILE).write_text(model_card(record, target, scores), encoding="utf-8")
 
     write_folder(settings.output, write)
+    if settings.push_to is None:
+        return None
+    return push_folder(settings.output, settings.push_to, f"aiayn-export format={target} of {path.name}")
