@@ -46,6 +46,7 @@ PLACEHOLDERS = {
     "<project>": "aiayn",
     "<sweep id>": "x7k2m9qa",
     "<entity/project/sweep id>": "lab/aiayn/x7k2m9qa",
+    "<you>": "me",  # a Hub user
 }
 # The reader's own paths: written under the scratch folder (READER_FILES), never where the page says.
 READER_PATHS = {
