@@ -5,8 +5,6 @@ checkpoint, and aiayn-report's ``p (test)`` column on the concatenated seeds of 
 from __future__ import annotations
 
 import json
-import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import sacrebleu.significance
-import yaml
 from sacrebleu.metrics.bleu import BLEU
 from sacrebleu.significance import PairedTest
 
@@ -22,14 +19,9 @@ from aiayn.cli import evaluate as evaluate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.experiments.report.document import write_report
 from aiayn.scoring import paired_bootstrap
+from helpers.report_layout import copy_run, perturbed, table_rows
 
 pytestmark = pytest.mark.usefixtures("wandb_offline")
-
-
-def perturbed(lines: list[str], drop: float, seed: int) -> list[str]:
-    """``lines`` with each word dropped with probability ``drop``: a system of a chosen quality."""
-    rng = random.Random(seed)
-    return [" ".join(word for word in line.split() if rng.random() >= drop) for line in lines]
 
 
 @pytest.fixture(scope="module")
@@ -176,27 +168,6 @@ def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_check
     ):
         status, printed = evaluate([*common, f"compare={value}"], monkeypatch, capsys)
         assert status == 2 and printed.startswith(message) and len(printed.strip().splitlines()) == 1, printed
-
-
-def table_rows(markdown: str) -> dict[str, dict[str, str]]:
-    """The report's table: setting -> heading -> cell."""
-    header, _, *rows = ([cell.strip() for cell in line.strip("|").split("|")]
-                        for line in markdown.splitlines() if line.startswith("|"))  # fmt: skip
-    return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
-
-
-def copy_run(run: Path, folder: Path, positional: str, seed: int, hypotheses: list[str]) -> Path:
-    """``run`` as if trained with ``model.positional`` and ``seed``, its test translations ``hypotheses``:
-    a setting of a sweep without training one."""
-    shutil.copytree(run, folder, ignore=shutil.ignore_patterns("checkpoints", "run.lock", "csv"))
-    config = yaml.safe_load((folder / "config.yaml").read_text())
-    config["seed"], config["model"]["positional"] = seed, positional
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    results = json.loads((folder / "results.json").read_text())
-    results["overrides"] = [*results["overrides"], f"model.positional={positional}", f"seed={seed}"]
-    (folder / "results.json").write_text(json.dumps(results))
-    (folder / "test.hyp.txt").write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
-    return folder
 
 
 def test_the_reports_p_value_is_sacrebleus_on_the_concatenated_seeds(
