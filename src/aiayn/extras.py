@@ -1,5 +1,5 @@
 """The libraries only some features need, which ``pip install aiayn`` leaves out: each comes with an extra
-of pyproject.toml (``wmt``, ``sweep``, ``report``, ``slurm``, ``export``, ``optuna``). A command that needs
+of pyproject.toml (``wmt``, ``sweep``, ``report``, ``slurm``, ``export``, ``comet``, ``optuna``). A command that needs
 one the install lacks stops in one line naming the ``pip install`` that brings it (exit status 2, no
 traceback), through :func:`require` where the library is imported::
 

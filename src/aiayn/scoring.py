@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEU
-from sacrebleu.significance import PairedTest
+from sacrebleu.significance import PairedTest, _compute_p_value, estimate_ci
 
 if TYPE_CHECKING:
     from sacremoses import MosesPunctNormalizer, MosesTokenizer
@@ -97,10 +97,10 @@ class SystemScore:
     (``ci``: half the width of their 95% interval); the baseline has no difference and no p-value."""
 
     name: str
-    bleu: float
+    score: float  # the system's corpus score: BLEU, or the mean of its segments' COMET
     mean: float
     ci: float
-    difference: float | None = None  # bleu minus the baseline's bleu
+    difference: float | None = None  # score minus the baseline's score
     difference_ci: tuple[float, float] | None = None  # 95% interval of the resampled differences
     p_value: float | None = None
 
@@ -112,7 +112,7 @@ class PairedBootstrap:
     systems: list[SystemScore]
     samples: int
     seed: int | None  # None: drawn from the OS's entropy, not repeatable
-    signature: str  # sacreBLEU's BLEU signature with the test's ``bs`` and ``seed``
+    signature: str  # the metric's signature (sacreBLEU's for BLEU) with the test's ``bs`` and ``seed``
 
 
 def bootstrap_seed() -> int | None:
@@ -184,3 +184,34 @@ def difference_interval(
     )
     lower = samples // 40
     return float(differences[lower]), float(differences[samples - lower - 1])
+
+
+def paired_bootstrap_segments(
+    systems: Sequence[tuple[str, Sequence[float]]], metric: str, samples: int = BOOTSTRAP_SAMPLES
+) -> PairedBootstrap:
+    """The test of :func:`paired_bootstrap` for a metric whose corpus score is the mean of its segments'
+    (COMET): the same resamples (sacreBLEU's ``default_rng(seed).choice`` of every resample's segments),
+    the same statistic (the absolute resampled difference, centred, against the real one) and sacreBLEU's
+    own ``estimate_ci`` and ``_compute_p_value``. ``metric`` names the scores in the signature."""
+    if len(systems) < 2 or not len(systems[0][1]):
+        raise ValueError("a paired test needs a baseline, at least one system and segments")
+    (baseline_name, baseline), *others = [(name, np.asarray(scores, dtype="float64")) for name, scores in systems]
+    for name, scores in others:
+        if len(scores) != len(baseline):
+            raise ValueError(f"{name}: {len(scores)} segment scores but {len(baseline)} for {baseline_name}")
+    seed = bootstrap_seed()
+    indices = np.random.default_rng(seed).choice(len(baseline), size=(samples, len(baseline)), replace=True)
+    resampled_baseline = baseline[indices].mean(1)
+    mean, ci = estimate_ci(resampled_baseline)
+    results = [SystemScore(baseline_name, float(baseline.mean()), float(mean), float(ci))]
+    for name, scores in others:
+        resampled = scores[indices].mean(1)
+        differences = np.abs(resampled - resampled_baseline)
+        p_value = _compute_p_value(differences - differences.mean(), abs(scores.mean() - baseline.mean()))
+        mean, ci = estimate_ci(resampled)
+        ordered = np.sort(resampled - resampled_baseline)
+        lower = samples // 40  # sacreBLEU's estimate_ci bounds: 1/40 in from either end
+        interval = None if seed is None else (float(ordered[lower]), float(ordered[samples - lower - 1]))
+        difference = float(scores.mean() - baseline.mean())
+        results.append(SystemScore(name, float(scores.mean()), float(mean), float(ci), difference, interval, p_value))
+    return PairedBootstrap(results, samples, seed, f"{metric}|bs:{samples}|seed:{str(seed).lower()}")

@@ -125,6 +125,19 @@ def test_aiayn_eval_on_ctranslate2_without_it(
     one_line(status, capsys.readouterr().err, "aiayn-eval", what, "export")
 
 
+@pytest.mark.parametrize(
+    ("library", "what"), [("transformers", "COMET's encoder (transformers)"), ("entmax", "entmax (COMET's sparsemax)")]
+)
+def test_aiayn_eval_with_comet_without_its_libraries(
+    library: str, what: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    hide(monkeypatch, library)
+    monkeypatch.chdir(tmp_path)
+    command = ["aiayn-eval", "checkpoint=model.ckpt", "comet.model=Unbabel/wmt22-comet-da", *HYDRA_QUIET]
+    status = exit_status(evaluate_cli.main, command, monkeypatch)
+    one_line(status, capsys.readouterr().err, "aiayn-eval", what, "comet")
+
+
 # Hydra's plugins hidden before Hydra looks for them: aiayn-train with each override, its exit status
 # and stderr per override.
 WITHOUT_PLUGINS = """

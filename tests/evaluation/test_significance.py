@@ -15,11 +15,11 @@ import sacrebleu.significance
 from sacrebleu.metrics.bleu import BLEU
 from sacrebleu.significance import PairedTest
 
-from aiayn.cli import evaluate as evaluate_cli
 from aiayn.data.corpus import read_lines
 from aiayn.experiments.report.document import write_report
 from aiayn.scoring import paired_bootstrap
 from helpers.report_layout import copy_run, perturbed, table_rows
+from helpers.runs import eval_in_process
 
 pytestmark = pytest.mark.usefixtures("wandb_offline")
 
@@ -54,11 +54,11 @@ def test_the_paired_bootstrap_is_sacrebleus_and_its_difference_interval_uses_the
     direct = sacrebleu_directly([baseline, better, close], references)
     assert [s.name for s in test.systems] == ["base", "better", "close"]
     for ours, theirs in zip(test.systems, direct, strict=True):
-        assert (ours.bleu, ours.mean, ours.ci, ours.p_value) == (theirs.score, theirs.mean, theirs.ci, theirs.p_value)
+        assert (ours.score, ours.mean, ours.ci, ours.p_value) == (theirs.score, theirs.mean, theirs.ci, theirs.p_value)
     assert test.samples == 1000 and test.seed == 12345 and "bs:1000|seed:12345" in test.signature
     base, better_result, close_result = test.systems
     assert better_result.p_value < 0.05 and close_result.p_value >= 0.05  # both answers occur
-    assert better_result.difference == pytest.approx(better_result.bleu - base.bleu)
+    assert better_result.difference == pytest.approx(better_result.score - base.score)
     # the 95% interval of the difference: 1/40 in from either end of the differences of the same resamples
     for index, system in ((1, better_result), (2, close_result)):
         differences = np.sort(resampled_bleu[index] - resampled_bleu[0])
@@ -74,7 +74,8 @@ def test_the_paired_bootstrap_is_sacrebleus_and_its_difference_interval_uses_the
     done = subprocess.run([sys.executable, *command, "--paired-bs", "-m", "bleu", "-f", "json"],
                           capture_output=True, text=True, check=True)  # fmt: skip
     cli = [row["BLEU"] for row in json.loads(done.stdout)]
-    assert [(r["score"], r["p_value"]) for r in cli] == [(base.bleu, None), (better_result.bleu, better_result.p_value)]
+    expected = [(base.score, None), (better_result.score, better_result.p_value)]
+    assert [(r["score"], r["p_value"]) for r in cli] == expected
 
     # SACREBLEU_SEED is sacreBLEU's, and without a fixed seed the resamples cannot be drawn again
     monkeypatch.setenv("SACREBLEU_SEED", "7")
@@ -94,18 +95,6 @@ def smoke(smoke_run_dir: Path) -> Path:
     return smoke_run_dir
 
 
-def evaluate(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> tuple[int, str]:
-    """``aiayn-eval`` in this process: its exit status and what it printed (stdout, then stderr)."""
-    monkeypatch.setattr(sys, "argv", ["aiayn-eval", *argv])
-    try:
-        evaluate_cli.main()
-        status = 0
-    except SystemExit as stopped:
-        status = stopped.code
-    out = capsys.readouterr()
-    return status, out.out + out.err
-
-
 def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_checkpoint(
     smoke: Path,
     references: list[str],
@@ -122,7 +111,7 @@ def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_check
     common = [f"checkpoint={step12}", "split=test", f"data.root={corpus_root}", "decoding=greedy",
               "decoding.max_len_offset=3", f"output_dir={tmp_path / 'eval'}"]  # fmt: skip
 
-    status, printed = evaluate([*common, f"compare={hypotheses}"], monkeypatch, capsys)
+    status, printed = eval_in_process([*common, f"compare={hypotheses}"], monkeypatch, capsys)
     assert status == 0, printed
     (written,) = (tmp_path / "eval").glob("step0000012.test.beam1-alpha0.0.*.json")
     report = json.loads(written.read_text())
@@ -144,7 +133,7 @@ def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_check
                   f"95% CI [{low:+.2f}, {high:+.2f}]", f"p = {other.p_value:.4f}"):  # fmt: skip
         assert shown in printed, shown
 
-    status, printed = evaluate([*common, f"compare={step6}"], monkeypatch, capsys)
+    status, printed = eval_in_process([*common, f"compare={step6}"], monkeypatch, capsys)
     assert status == 0, printed
     (compared_with_step6,) = set((tmp_path / "eval").glob("*.json")) - {written}  # the first is still there
     report = json.loads(compared_with_step6.read_text())
@@ -166,7 +155,7 @@ def test_aiayn_eval_compares_a_checkpoint_with_hypotheses_and_with_another_check
         (tmp_path / "none.de", f"aiayn-eval: error: compare={tmp_path / 'none.de'} is not a file"),
         ("3", "aiayn-eval: error: compare=3 must be a checkpoint (.ckpt) or a UTF-8 file of hypotheses"),
     ):
-        status, printed = evaluate([*common, f"compare={value}"], monkeypatch, capsys)
+        status, printed = eval_in_process([*common, f"compare={value}"], monkeypatch, capsys)
         assert status == 2 and printed.startswith(message) and len(printed.strip().splitlines()) == 1, printed
 
 

@@ -86,6 +86,17 @@ def exit_status(main: Callable[[], object], argv: list[str], monkeypatch: pytest
     return 0
 
 
+def eval_in_process(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str]:
+    """``aiayn-eval`` run in this process: its exit status and what it printed (stdout, then stderr)."""
+    from aiayn.cli import evaluate as evaluate_cli
+
+    status = exit_status(evaluate_cli.main, ["aiayn-eval", *argv], monkeypatch)
+    out = capsys.readouterr()
+    return status, out.out + out.err
+
+
 def train_in_process(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     """``aiayn-train`` run in this process, without Hydra's logging setup (it would keep handlers on
     pytest's captured streams); its exit status."""

@@ -107,7 +107,7 @@ def runs(*folders: str | Path, data_root: str | Path | None = None) -> list[dict
     references, the paper's row); nothing is written."""
     from aiayn.experiments.report.runs import find_runs
     from aiayn.experiments.report.settings import group_settings
-    from aiayn.experiments.report.significance import significance
+    from aiayn.experiments.report.significance import RunTexts, significance
     from aiayn.experiments.report.table import table_of
 
     paths = [Path(folder).expanduser() for folder in folders]
@@ -116,4 +116,4 @@ def runs(*folders: str | Path, data_root: str | Path | None = None) -> list[dict
         raise ValueError(f"no finished run (a folder with results.json) under {', '.join(map(str, paths))}")
     settings = group_settings(found.runs)
     root = Path(data_root).expanduser() if data_root is not None else None
-    return list(table_of(settings, significance(settings, root)).records)
+    return list(table_of(settings, significance(settings, RunTexts(root))).records)

@@ -22,6 +22,7 @@ from aiayn.config.build import config_keys, decoding_options
 from aiayn.config.components import trust_listed
 from aiayn.config.settings import check_settings
 from aiayn.errors import ConfigError, FieldError
+from aiayn.evaluation.comet import CometSettings
 from aiayn.evaluation.settings import (
     COMPARED,
     TUNE_SPLIT,
@@ -42,6 +43,9 @@ TOOL_KEYS = {
     **{item.name: f"model.{item.name}" for item in fields(TransformerConfig)},
     "data_root": "data.root",
     "data_hub": "data.hub",
+    "comet_model": "comet.model",
+    "comet_download": "comet.download",
+    "comet_batch_size": "comet.batch_size",
 }
 STREAMS = {"input": "stdin", "output": "stdout"}  # aiayn-translate's files, and what null reads or writes
 CHECKPOINT_REQUIRED = "checkpoint=<path to a .ckpt of aiayn-train or aiayn-average> is required"
@@ -73,6 +77,7 @@ def plan_eval(cfg: DictConfig, overrides: Iterable[str] = ()) -> EvalSettings:
         )
         compare = compared_paths(plain(cfg.compare))
         output_dir = optional_text(cfg, "output_dir")
+        comet = cfg.comet
         return EvalSettings(
             decode,
             texts,
@@ -80,6 +85,7 @@ def plan_eval(cfg: DictConfig, overrides: Iterable[str] = ()) -> EvalSettings:
             compare=ComparedSystem.of(compare) if compare else None,
             output_dir=Path(output_dir).expanduser() if output_dir else None,
             tune=grid,
+            comet=CometSettings(comet.model, comet.download, comet.batch_size) if comet.model is not None else None,
         )
 
 

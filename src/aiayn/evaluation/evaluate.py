@@ -20,11 +20,18 @@ import torch
 from aiayn.data.corpus import read_lines, read_parallel
 from aiayn.data.stored import instantiated_from_checkpoint
 from aiayn.errors import CheckpointError, FieldError, show
+from aiayn.evaluation.comet import CHECKPOINT
 from aiayn.evaluation.settings import ComparedSystem, EvalSettings, Texts
 from aiayn.evaluation.translator import Translator, direction, load_translation_models, nbest_jsonl
 from aiayn.export.ctranslate2 import EngineModel
 from aiayn.files import atomic_write
-from aiayn.scoring import SIGNIFICANCE_LEVEL, PairedBootstrap, corpus_scores, paired_bootstrap
+from aiayn.scoring import (
+    SIGNIFICANCE_LEVEL,
+    PairedBootstrap,
+    corpus_scores,
+    paired_bootstrap,
+    paired_bootstrap_segments,
+)
 
 TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are both tokenized BLEU
 
@@ -32,13 +39,14 @@ TOKENIZED_BLEU_LANGS = ("de", "fr")  # the paper's En-De 28.4 and En-Fr 41.8 are
 @dataclass(frozen=True)
 class Evaluation:
     """An evaluation's results: the JSON report (also written to ``report_file``), the hypotheses' file
-    and, with a compared system, the paired bootstrap's result."""
+    and, with a compared system, the paired bootstrap's result (of COMET's too, with ``comet=``)."""
 
     report: dict[str, Any]
     report_file: Path
     hypotheses_file: Path
     comparison: PairedBootstrap | None
     nbest_file: Path | None = None
+    comet_comparison: PairedBootstrap | None = None
 
 
 def evaluate(settings: EvalSettings) -> Evaluation:
@@ -50,12 +58,17 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     (:func:`output_folder`). With ``nbest`` > 1 the n best of each line (or n samples) go to
     ``<stem>.nbest.jsonl`` as well, in ``aiayn-translate``'s format; the hypotheses and the scores are the
     first of each line, as with ``nbest=1``. A compared system is checked before anything is translated,
-    then translated alike (checkpoints) and tested against this one.
+    then translated alike (checkpoints) and tested against this one. With ``comet``, the COMET model is
+    found before anything is translated, and scores each segment (of both systems) after.
 
     The files are named by what defines them (every checkpoint, the texts, the settings, the compared
     system; :func:`output_digest`): another text of the same file name, other options or another
     compared system never replace them, and the same evaluation again replaces its own."""
-    decode, compare, tokenized_bleu = settings.decode, settings.compare, settings.tokenized_bleu
+    decode, compare, tokenized_bleu, comet = settings.decode, settings.compare, settings.tokenized_bleu, settings.comet
+    scorer = comet_folder = None
+    if comet is not None:  # loaded before anything is translated: a model it cannot score with is refused first
+        comet_folder = comet.folder()
+        scorer = comet.load(decode.torch_device, comet_folder)
     system = loaded_system(settings)
     paths, translator, decoding, nbest = system.paths, system.translator, decode.decoding, decode.nbest
     tgt_lang = (direction(system.run_config, paths[0]) or (None, None))[1]
@@ -70,6 +83,7 @@ def evaluate(settings: EvalSettings) -> Evaluation:
         "nbest": nbest,
         "tokenized_bleu": tgt_lang if wants_tokenized else None,
         "compare": [system_identity(compare.paths), compare.is_checkpoint] if compare else None,
+        **({"comet": file_identity(comet_folder / CHECKPOINT)} if comet_folder else {}),
     }
     searched = f"sample-seed{decode.seed}" if decoding.sample else f"beam{decoding.beam_size}-alpha{decoding.alpha}"
     stem = f"{system.stem}.{searched}.{output_digest(identity)}"
@@ -100,19 +114,34 @@ def evaluate(settings: EvalSettings) -> Evaluation:
         "nbest": nbest,
         **({"nbest_file": str(nbest_file)} if nbest_file else {}),
     }
-    test = None
+    test = comet_test = None
+    other: list[str] = []
+    labels = (system_label(paths), system_label(compare.paths) if compare else "")
     if compare is not None:
         system_paths = compare.paths
-        other, other_file, other_settings = second, system_paths[0], None
+        other_file, other_settings = system_paths[0], None
         if isinstance(second, Translator):  # named after both: two runs' best.ckpt must not share one file
             other_file = folder / f"{stem}.compare-{system_name(system_paths)}.hyp.txt"
             other, other_settings = second.translate(source), settings_of(second, device)
             atomic_write(other_file, "".join(line + "\n" for line in other))
-        test = paired_bootstrap([(system_label(paths), hypotheses), (system_label(system_paths), other)], reference)
+        else:
+            other = list(second)
+        test = paired_bootstrap([(labels[0], hypotheses), (labels[1], other)], reference)
         report["compare"] = comparison_report(test, compare, other_file, other_settings)
     report_file = folder / f"{stem}.json"
-    atomic_write(report_file, json.dumps(report, indent=2) + "\n")
-    return Evaluation(report, report_file, hyp_file, test, nbest_file)
+    atomic_write(report_file, json.dumps(report, indent=2) + "\n")  # BLEU's, kept should COMET fail
+    if comet is not None and scorer is not None:
+        ours = scorer.score(source, hypotheses, reference, comet.comet_batch_size)
+        report.update(comet=ours.system, comet_model=comet.comet_model, comet_source=str(comet_folder),
+                      comet_segments=ours.segments)  # fmt: skip
+        if compare is not None:
+            theirs = scorer.score(source, other, reference, comet.comet_batch_size)
+            comet_test = paired_bootstrap_segments(
+                [(labels[0], ours.segments), (labels[1], theirs.segments)], f"COMET {comet.comet_model}"
+            )
+            report["compare"]["comet_test"] = comet_comparison(comet_test, theirs.segments)
+        atomic_write(report_file, json.dumps(report, indent=2) + "\n")
+    return Evaluation(report, report_file, hyp_file, test, nbest_file, comet_test)
 
 
 @dataclass(frozen=True)
@@ -316,7 +345,7 @@ def comparison_report(
         "members": [file_identity(path) for path in system] if compare.is_checkpoint else None,
         "hypotheses": str(hypotheses),
         "settings": settings,
-        "sacrebleu": other.bleu,
+        "sacrebleu": other.score,
         "sacrebleu_mean": other.mean,
         "sacrebleu_ci": other.ci,
         "baseline_sacrebleu_mean": baseline.mean,
@@ -332,6 +361,45 @@ def comparison_report(
     }
 
 
+def comet_comparison(test: PairedBootstrap, segments: list[float]) -> dict[str, Any]:
+    """The ``compare`` section's ``comet_test``: the second system's COMET (and each segment's), the difference
+    to the first with its 95% interval and the p-value of the same paired bootstrap as BLEU's."""
+    baseline, other = test.systems
+    return {
+        "comet": other.score,
+        "comet_segments": segments,
+        "comet_mean": other.mean,
+        "comet_ci": other.ci,
+        "baseline_comet_mean": baseline.mean,
+        "baseline_comet_ci": baseline.ci,
+        "difference": other.difference,
+        "difference_ci": list(other.difference_ci) if other.difference_ci else None,
+        "p_value": other.p_value,
+        "significant": other.p_value < SIGNIFICANCE_LEVEL,
+        "test": "paired bootstrap resampling of the segments' mean (sacreBLEU's resamples and statistic)",
+        "samples": test.samples,
+        "seed": test.seed,
+        "signature": test.signature,
+    }
+
+
+def comparison_lines(test: PairedBootstrap, metric: str, digits: int) -> list[str]:
+    """Both systems' score (with the bootstrap mean ± 95% CI), the difference, its interval and p-value."""
+    baseline, other = test.systems
+    lines = []
+    for label, system in (("checkpoint", baseline), ("compare", other)):
+        scores = f"{metric} {system.score:.{digits}f}  (bootstrap μ {system.mean:.{digits}f} ± {system.ci:.{digits}f})"
+        lines.append(f"{label:<10} {scores}  {system.name}")
+    low_high = other.difference_ci
+    interval = f"[{low_high[0]:+.{digits}f}, {low_high[1]:+.{digits}f}]" if low_high else "not computed (no fixed seed)"
+    verdict = "significant" if other.p_value < SIGNIFICANCE_LEVEL else "not significant"
+    lines.append(
+        f"difference {other.difference:+.{digits}f} (compare − checkpoint), 95% CI {interval}, p = {other.p_value:.4f} "
+        f"({verdict} at {SIGNIFICANCE_LEVEL}); paired bootstrap {test.signature}"
+    )
+    return lines
+
+
 def summary_lines(evaluation: Evaluation) -> list[str]:
     """What ``aiayn-eval`` prints: the scores with their signatures; with a compared system, both
     systems' sacreBLEU (with sacreBLEU's bootstrap mean ± 95% CI), the difference, its interval, the
@@ -343,18 +411,13 @@ def summary_lines(evaluation: Evaluation) -> list[str]:
     ]
     if "tokenized_bleu" in report:
         lines.append(f"tokenized BLEU {report['tokenized_bleu']:.2f}  ({report['tokenized_bleu_note']})")
-    if (test := evaluation.comparison) is not None:
-        baseline, other = test.systems
-        for label, system in (("checkpoint", baseline), ("compare", other)):
-            scores = f"sacreBLEU {system.bleu:.2f}  (bootstrap μ {system.mean:.2f} ± {system.ci:.2f})"
-            lines.append(f"{label:<10} {scores}  {system.name}")
-        low_high = other.difference_ci
-        interval = f"[{low_high[0]:+.2f}, {low_high[1]:+.2f}]" if low_high else "not computed (no fixed seed)"
-        verdict = "significant" if other.p_value < SIGNIFICANCE_LEVEL else "not significant"
-        lines.append(
-            f"difference {other.difference:+.2f} (compare − checkpoint), 95% CI {interval}, p = {other.p_value:.4f} "
-            f"({verdict} at {SIGNIFICANCE_LEVEL}); paired bootstrap {test.signature}"
-        )
+    if "comet" in report:
+        segments = f"(the mean of {report['sentences']} segments)"
+        lines.append(f"COMET     {report['comet']:.4f}  {report['comet_model']} {segments}")
+    if evaluation.comparison is not None:
+        lines += comparison_lines(evaluation.comparison, "sacreBLEU", 2)
+    if evaluation.comet_comparison is not None:
+        lines += comparison_lines(evaluation.comet_comparison, "COMET", 4)
     lines.append(
         f"{report['sentences']} sentences in {report['seconds']:.1f} s; hypotheses: {evaluation.hypotheses_file}; "
         f"scores: {evaluation.report_file}"

@@ -18,6 +18,7 @@ from aiayn.model import DEFAULT_SDPA_BACKENDS, PAPER_DECODING, DecodingOptions, 
 if TYPE_CHECKING:
     import torch
 
+    from aiayn.evaluation.comet import CometSettings
     from aiayn.evaluation.tuning import TuneGrid
 
 SPLITS = ("train", "val", "test")
@@ -148,7 +149,8 @@ class EvalSettings:
     """``aiayn-eval``: the model and its decoding, the texts, the scores asked for (``tokenized_bleu``:
     also the paper's tokenized BLEU; ``auto``: for the targets the paper reports it for), a second system
     to test against (``compare``), where the files go (``output_dir``; None: the checkpoint's run
-    folder), and with ``tune``, a grid of decoding settings to score on the validation split instead."""
+    folder), COMET beside BLEU (``comet``), and with ``tune``, a grid of decoding settings to score on the
+    validation split instead."""
 
     decode: DecodeSettings
     texts: Texts = field(default_factory=Texts)
@@ -156,12 +158,16 @@ class EvalSettings:
     compare: ComparedSystem | None = None
     output_dir: Path | None = None
     tune: TuneGrid | None = None
+    comet: CometSettings | None = None
 
     def __post_init__(self) -> None:
         if self.tokenized_bleu not in TOKENIZED_BLEU:
             raise FieldError("tokenized_bleu", self.tokenized_bleu, "must be auto, true or false")
         if self.tune is None:
             return
+        if self.comet is not None:
+            raise FieldError("comet_model", self.comet.comet_model, "is for one setting; tune= ranks settings by "
+                             "sacreBLEU: score the chosen one with COMET after")  # fmt: skip
         if self.compare is not None or self.decode.nbest != 1:
             name, value = ("compare", self.compare.shown) if self.compare else ("nbest", self.decode.nbest)
             allowed = "is for one setting; tune= scores each setting's 1-best: evaluate the best one with it after"

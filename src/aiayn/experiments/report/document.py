@@ -6,15 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from aiayn.errors import FieldError
 from aiayn.experiments.report.exports import write_exports
 from aiayn.experiments.report.plots import plot, plot_curves
 from aiayn.experiments.report.runs import CONDITION_NAMES, failed_trials, find_runs
 from aiayn.experiments.report.settings import group_settings, varying
-from aiayn.experiments.report.significance import SIGNIFICANT, significance
-from aiayn.experiments.report.table import PARTIAL, Table, scored_on_final, table_of
+from aiayn.experiments.report.significance import SIGNIFICANT, RunTexts, comet_values, significance
+from aiayn.experiments.report.table import PARTIAL, CometColumn, Table, scored_on_final, table_of
 from aiayn.files import TEST_TRANSLATIONS, atomic_write
 from aiayn.scoring import BOOTSTRAP_SAMPLES, SIGNIFICANCE_LEVEL, bootstrap_seed
+
+if TYPE_CHECKING:
+    from aiayn.evaluation.comet import CometSettings
 
 
 @dataclass(frozen=True)
@@ -28,10 +33,26 @@ class Report:
     exports: list[Path]
 
 
-def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = None) -> Report:
+def write_report(
+    paths: Sequence[Path], output: Path, data_root: Path | None = None, comet: CometSettings | None = None
+) -> Report:
     """Write ``report.md``, its table as ``report.csv``, ``report.json`` and ``report.tex``, and the plots
     into ``output`` (nothing else, nowhere else); returns what was written. The test references of the
-    paired tests are read from ``data_root`` only."""
+    paired tests are read from ``data_root`` only; with ``comet``, each run's test translations are scored
+    by that COMET model too (its sources and references from ``data_root``, which it then needs)."""
+    if comet is not None and data_root is None:
+        raise ValueError("--comet scores the test translations against their sources and references: give "
+                         "--data-root, your copy of the runs' corpus")  # fmt: skip
+    scorer = None
+    if comet is not None:  # loaded before anything is written: a model it cannot score with is refused first
+        import torch
+
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            comet_folder = comet.folder()
+            scorer = (comet.load(device, comet_folder), comet.comet_batch_size)
+        except FieldError as error:
+            raise ValueError(f"--comet {comet.comet_model} {error.allowed}") from None
     found = find_runs(paths)
     if not found.runs:
         raise ValueError(f"no finished run (a folder with results.json) under {', '.join(map(str, paths))}")
@@ -41,8 +62,13 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         raise ValueError(f"{output}: not a folder; give --out <folder> for report.md and the plots")
     output.mkdir(parents=True, exist_ok=True)
     plots = plot(settings, output) + plot_curves(settings, output)
-    p_values = significance(settings, data_root)
-    table = table_of(settings, p_values)
+    texts = RunTexts(data_root, scorer)
+    p_values = significance(settings, texts)
+    column, left_out = None, []
+    if comet is not None:
+        values, left_out = comet_values(settings, texts)
+        column = CometColumn(comet.comet_model, values, significance(settings, texts, "comet"))
+    table = table_of(settings, p_values, column)
     seed = bootstrap_seed()
     best = (
         " BLEU (val, best): the best validation BLEU any validation of the run saw."
@@ -84,9 +110,20 @@ def write_report(paths: Sequence[Path], output: Path, data_root: Path | None = N
         "",
         table.markdown(),
     ]
+    if column is not None:
+        text[-2:-2] = [
+            "",
+            f"COMET (test): the mean of the test segments' COMET ({comet.comet_model}, read from {comet_folder}; "
+            "Rei et al., 2020, scored as unbabel-comet scores them) of each run's answer, mean ± sample std over "
+            "seeds. p COMET (test): the same paired bootstrap on the seeds' segments (the resamples and statistic "
+            "of sacreBLEU's test, the segments' mean for the corpus score).",
+        ]
     unpaired = {label: why for label, why in p_values.items() if isinstance(why, str)}
     if unpaired:
         text += ["", *(f"p (test) of {label}: -, {why}." for label, why in unpaired.items())]
+    unpaired_comet = {label: why for label, why in (column.p_values if column else {}).items() if isinstance(why, str)}
+    if unpaired_comet or left_out:
+        text += ["", *(f"p COMET (test) of {label}: -, {why}." for label, why in unpaired_comet.items()), *left_out]
     others = [folder for folder in found.unfinished if folder not in failed]
     if failed or others or found.skipped:
         text += ["", f"Not in the table: {len(failed)} unfinished trial(s) {', '.join(failed.values())}; "

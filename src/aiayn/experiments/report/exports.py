@@ -57,6 +57,10 @@ def csv_row(record: dict[str, Any]) -> dict[str, Any]:
         row |= {f"{key}_{part}": record[key][part] for part in ("mean", "std", "n")}
     tested = ("test_sentences", "partial_test", "p_test", "p_note", "significant", "minutes")
     row |= {key: record[key] for key in tested}
+    if (comet := record["comet"]) is not None:
+        row["comet_model"] = comet["model"]
+        row |= {f"test_comet_{part}": comet["test"][part] for part in ("mean", "std", "n")}
+        row |= {"p_comet": comet["p_test"], "p_comet_note": comet["p_note"], "comet_significant": comet["significant"]}
     for point in record["val_bleu_matched"]:  # every row has the same points (the table's matched columns)
         row[f"matched_{point['axis']}"] = point["at"]
         row |= {f"val_bleu_at_matched_{point['axis']}_{part}": point[part] for part in ("mean", "std", "n")}

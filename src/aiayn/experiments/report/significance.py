@@ -1,5 +1,6 @@
-"""Whether a setting's test BLEU differs significantly from the first row's: sacreBLEU's paired bootstrap on
-the seeds' test translations, against test references read only from the corpus folder the user gives."""
+"""Whether a setting's test BLEU (and, with a COMET model, its test COMET) differs significantly from the
+first row's: sacreBLEU's paired bootstrap on the seeds' test translations, against test references (and
+sources) read only from the corpus folder the user gives."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import stat
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiayn.data.corpus import read_lines
 from aiayn.data.stored import instantiated_from_checkpoint, stored_targets
@@ -16,7 +17,10 @@ from aiayn.experiments.report.records import HYPOTHESES_BYTES, inside_folder, sh
 from aiayn.experiments.report.runs import CONDITION_NAMES, CONFIG, TESTED_ON, Run
 from aiayn.experiments.report.settings import Setting, ordered
 from aiayn.experiments.results import RESULTS_FILE
-from aiayn.scoring import SIGNIFICANCE_LEVEL, paired_bootstrap
+from aiayn.scoring import SIGNIFICANCE_LEVEL, paired_bootstrap, paired_bootstrap_segments
+
+if TYPE_CHECKING:
+    from aiayn.evaluation.comet import Comet
 
 SIGNIFICANT = "*"  # after a p-value below SIGNIFICANCE_LEVEL
 
@@ -29,9 +33,11 @@ class RunTexts:
     """The runs' test hypotheses and references, each corpus read once, from ``data_root`` only: the
     folder the user gave; without it, no references are read."""
 
-    def __init__(self, data_root: Path | None = None) -> None:
-        self.data_root = data_root
-        self._references: dict[str, list[str] | str] = {}  # by data section: the references, or why none
+    def __init__(self, data_root: Path | None = None, comet: tuple[Comet, int] | None = None) -> None:
+        """``comet``: a loaded COMET model and its batch size, to score each run's test translations with."""
+        self.data_root, self.scorer = data_root, comet
+        self._split: dict[str, tuple[list[str], list[str]] | str] = {}  # by data section: the split, or why none
+        self._comet: dict[Path, list[float] | str] = {}  # by run folder: its test COMET's segments, or why none
 
     @staticmethod
     def hypotheses(run: Run) -> list[str]:
@@ -50,19 +56,43 @@ class RunTexts:
         except DataError as error:
             raise Unpaired(" ".join(str(error).split())) from None
 
-    def references(self, run: Run) -> list[str]:
+    def split(self, run: Run) -> tuple[list[str], list[str]]:
+        """The test sources and references ``run`` was scored on."""
         if self.data_root is None:
             raise Unpaired("the test references are read only from the corpus folder given with --data-root")
         key = json.dumps([run.data, run.eval_limit, run.conditions.test_sentences], sort_keys=True, default=str)
-        if key not in self._references:
+        if key not in self._split:
             try:
-                self._references[key] = tested_references(run, self.data_root)
+                self._split[key] = tested_split(run, self.data_root)
             # Any failure (no such file, a config of another aiayn, a library missing) leaves the report
             # without this p-value, never without the report.
             except Exception as error:
                 message = " ".join(str(error).split()) or type(error).__name__
-                self._references[key] = f"the test references of {run.folder} cannot be read ({message})"
-        found = self._references[key]
+                self._split[key] = f"the test references of {run.folder} cannot be read ({message})"
+        found = self._split[key]
+        if isinstance(found, str):
+            raise Unpaired(found)
+        return found
+
+    def references(self, run: Run) -> list[str]:
+        return self.split(run)[1]
+
+    def comet(self, run: Run) -> list[float]:
+        """Each test segment's COMET of ``run``'s answer, scored once per report."""
+        if self.scorer is None:
+            raise Unpaired("no COMET model was given (--comet)")
+        if run.folder not in self._comet:
+            try:
+                sources, references = self.split(run)
+                hypotheses = self.hypotheses(run)
+                if len(hypotheses) != len(references):
+                    raise Unpaired(f"{run.folder / run.hypotheses} has {len(hypotheses)} lines for "
+                                   f"{len(references)} test references")  # fmt: skip
+                model, batch = self.scorer
+                self._comet[run.folder] = model.score(sources, hypotheses, references, batch).segments
+            except Unpaired as why:
+                self._comet[run.folder] = str(why)
+        found = self._comet[run.folder]
         if isinstance(found, str):
             raise Unpaired(found)
         return found
@@ -105,29 +135,31 @@ def readable_section(run: Run, data_root: Path) -> dict[str, Any]:
     return {**run.data, "root": str(data_root), "cache_dir": None}
 
 
-def tested_references(run: Run, data_root: Path) -> list[str]:
-    """The references ``run``'s test translations were scored against: the test split of its corpus, read
+def tested_split(run: Run, data_root: Path) -> tuple[list[str], list[str]]:
+    """The sources and references of ``run``'s test translations: the test split of its corpus, read
     from ``data_root`` (:func:`readable_section`), built only from aiayn's own classes (as aiayn-eval
     builds a checkpoint's), cut to the run's ``eval_limit`` as its training cut it."""
     if "_target_" not in run.data:
         raise Unpaired(f"{run.folder / CONFIG} has no data section")
     section = readable_section(run, data_root)
     datamodule = instantiated_from_checkpoint(section, "data", run.folder / CONFIG, root=data_root)
-    references = datamodule.split_texts("test")[1]
-    references = references[: datamodule.eval_limit] if datamodule.eval_limit else references
+    sources, references = datamodule.split_texts("test")
+    if datamodule.eval_limit:
+        sources, references = sources[: datamodule.eval_limit], references[: datamodule.eval_limit]
     tested = run.conditions.test_sentences
     if tested is not None and tested != len(references):
         raise Unpaired(f"{len(references)} test references in {data_root}, {run.folder / RESULTS_FILE} scored {tested}")
-    return references
+    return list(sources), list(references)
 
 
-def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | str:
-    """The p-value of sacreBLEU's paired bootstrap of ``setting``'s test BLEU against ``base``'s, or why
-    there is none. Runs are paired by seed (the seeds both settings have); each setting's test
-    hypotheses of those seeds (their answer's, which its test BLEU is of) are concatenated in seed order
-    and scored against the test references, repeated once per seed, so every seed's translations count
-    and each sentence is paired with the same seed's translation of it. Settings tested on another
-    corpus, direction or number of test sentences are not compared."""
+def paired_p_value(base: Setting, setting: Setting, texts: RunTexts, metric: str = "bleu") -> float | str:
+    """The p-value of sacreBLEU's paired bootstrap of ``setting``'s test BLEU (``metric="comet"``: its test
+    COMET, :func:`~aiayn.scoring.paired_bootstrap_segments`) against ``base``'s, or why there is none. Runs
+    are paired by seed (the seeds both settings have); each setting's test hypotheses of those seeds
+    (their answer's, which its test BLEU is of) are concatenated in seed order and scored against the test
+    references, repeated once per seed, so every seed's translations count and each sentence is paired
+    with the same seed's translation of it. Settings tested on another corpus, direction or number of
+    test sentences are not compared."""
     for key in TESTED_ON:
         ours, theirs = base.conditions.described(key), setting.conditions.described(key)
         if ours != theirs:
@@ -136,15 +168,19 @@ def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | 
     pairs = sorted(((r.seed, firsts[r.seed], r) for r in setting.runs if r.seed in firsts), key=lambda p: p[0])
     if not pairs:
         return "no seed in common with the first row"
-    baseline: list[str] = []
-    system: list[str] = []
+    baseline: list[Any] = []
+    system: list[Any] = []
     references: list[str] = []
     try:
         for seed, first, run in pairs:
-            hypotheses = [texts.hypotheses(first), texts.hypotheses(run)]
             first_refs, refs = texts.references(first), texts.references(run)
             if first_refs != refs:
                 raise Unpaired(f"seed {seed}: {first.folder} and {run.folder} were tested on different references")
+            if metric == "comet":
+                baseline += texts.comet(first)
+                system += texts.comet(run)
+                continue
+            hypotheses = [texts.hypotheses(first), texts.hypotheses(run)]
             for tested, lines in zip((first, run), hypotheses, strict=True):
                 if len(lines) != len(refs):
                     raise Unpaired(
@@ -155,15 +191,33 @@ def paired_p_value(base: Setting, setting: Setting, texts: RunTexts) -> float | 
             references += refs
     except Unpaired as why:
         return str(why)
+    if metric == "comet":
+        return paired_bootstrap_segments([(base.label, baseline), (setting.label, system)], "COMET").systems[1].p_value
     return paired_bootstrap([(base.label, baseline), (setting.label, system)], references).systems[1].p_value
 
 
-def significance(settings: Sequence[Setting], data_root: Path | None = None) -> dict[str, float | str]:
-    """For each setting after the first (:func:`ordered`), by label: :func:`paired_p_value` against the
-    first, with the test references read from ``data_root``."""
+def significance(settings: Sequence[Setting], texts: RunTexts, metric: str = "bleu") -> dict[str, float | str]:
+    """For each setting after the first (:func:`ordered`), by label: :func:`paired_p_value` of ``metric``
+    (``bleu`` or ``comet``) against the first, with the runs' texts read by ``texts``."""
     base, *others = ordered(settings)
-    texts = RunTexts(data_root)
-    return {setting.label: paired_p_value(base, setting, texts) for setting in others}
+    return {setting.label: paired_p_value(base, setting, texts, metric) for setting in others}
+
+
+def comet_values(settings: Sequence[Setting], texts: RunTexts) -> tuple[dict[str, list[float]], list[str]]:
+    """Each setting's runs' test COMET (the mean of their segments'), by label; and why a run has none
+    (it is left out of its setting's mean)."""
+    values: dict[str, list[float]] = {}
+    missing = []
+    for setting in settings:
+        values[setting.label] = []
+        for run in setting.runs:
+            try:
+                segments = texts.comet(run)
+            except Unpaired as why:
+                missing.append(f"COMET (test) of {setting.label} leaves out {run.folder}: {why}.")
+                continue
+            values[setting.label].append(sum(segments) / len(segments))
+    return values, missing
 
 
 def p_cell(value: float | str | None) -> str:

@@ -45,6 +45,36 @@ class Table:
 
 
 @dataclass(frozen=True)
+class CometColumn:
+    """The report's COMET, when a COMET model was given: each setting's runs' test COMET and the p-value of
+    its paired test against the first row's (or why there is none), by label."""
+
+    model: str
+    values: Mapping[str, list[float]]
+    p_values: Mapping[str, float | str]
+
+    def cells(self, label: str, first: bool) -> list[str]:
+        values = self.values.get(label, [])
+        if not values:
+            shown = "-"
+        elif len(values) == 1:
+            shown = f"{values[0]:.4f}"
+        else:
+            shown = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+        return [shown, p_cell(None if first else self.p_values.get(label, "not tested"))]
+
+    def record(self, label: str, first: bool) -> dict[str, Any]:
+        p_value = None if first else self.p_values.get(label, "not tested")
+        return {
+            "model": self.model,
+            "test": values_statistic(self.values.get(label, [])),
+            "p_test": p_value if isinstance(p_value, float) else None,
+            "p_note": p_value if isinstance(p_value, str) else None,
+            "significant": p_value < SIGNIFICANCE_LEVEL if isinstance(p_value, float) else None,
+        }
+
+
+@dataclass(frozen=True)
 class MatchedPoint:
     """A point where the settings are compared alike (:func:`matched_points`): on the ``axis`` of
     ``step`` or training ``minutes``, ``at`` where, each setting's runs' validation BLEU there (each run's
@@ -95,14 +125,16 @@ def values_statistic(values: Sequence[float]) -> dict[str, float | int | None]:
     }
 
 
-def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None) -> Table:
+def table_of(
+    settings: Sequence[Setting], p_values: Mapping[str, float | str] | None = None, comet: CometColumn | None = None
+) -> Table:
     """Table 3's layout (rows :func:`ordered`): the changed values (blank where as the first row), params,
     the checkpoint validated and the one tested (the runs' answer), PPL and BLEU (mean ± std over seeds;
     with the best validation BLEU when a run is scored on its final checkpoint), the test sentences the
     test BLEU is of (:data:`PARTIAL` after a test BLEU of part of the split), the p-value of the test BLEU
-    against the first row's (:func:`significance`), steps and wall time; the validation BLEU at a matched
-    step and at matched training minutes (:func:`matched`), where the runs logged their validations; the
-    paper's PPL and BLEU where the setting is its row."""
+    against the first row's (:func:`significance`), with ``comet`` the test COMET and its p-value, steps and
+    wall time; the validation BLEU at a matched step and at matched training minutes (:func:`matched`),
+    where the runs logged their validations; the paper's PPL and BLEU where the setting is its row."""
     base, *_ = settings = ordered(settings)
     p_values = p_values or {}
     best = scored_on_final(settings)
@@ -110,7 +142,8 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
     headings = [
         "setting", *(h for h, _ in COLUMNS), "params ×10⁶", "seeds", "steps", "checkpoint", "answer", "PPL (val)",
         "BLEU (val)", *(["BLEU (val, best)"] if best else []), "BLEU (test)", "test sentences", "p (test)",
-        "minutes", *(point.heading for point in alike), "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
+        *(["COMET (test)", "p COMET (test)"] if comet else []), "minutes", *(point.heading for point in alike),
+        "paper row", "paper PPL", "paper BLEU", "paper params ×10⁶",
     ]  # fmt: skip
     rows = []
     for setting in settings:
@@ -137,6 +170,7 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
             f"{test_bleu} {PARTIAL}" if setting.partial_test and test_bleu != "-" else test_bleu,
             setting.test_sentences(),
             p_cell(None if setting is base else p_values.get(setting.label, "not tested")),
+            *(comet.cells(setting.label, setting is base) if comet else []),
             f"{wall / 60:.1f}" if wall is not None else "-",
             *(spread_of(point.bleu[setting.label]) for point in alike),
             setting.paper_row or "",
@@ -145,7 +179,7 @@ def table_of(settings: Sequence[Setting], p_values: Mapping[str, float | str] | 
             f"{paper.params_millions or PAPER['base'].params_millions:g}" if paper else "",  # blank: as base
         ]
         rows.append(tuple(cells))
-    records = tuple(row_record(setting, base, p_values, alike) for setting in settings)
+    records = tuple(row_record(setting, base, p_values, alike, comet) for setting in settings)
     return Table(tuple(headings), tuple(rows), records)
 
 
@@ -155,11 +189,15 @@ def statistic(setting: Setting, key: str) -> dict[str, float | int | None]:
 
 
 def row_record(
-    setting: Setting, base: Setting, p_values: Mapping[str, float | str], alike: Sequence[MatchedPoint] = ()
+    setting: Setting,
+    base: Setting,
+    p_values: Mapping[str, float | str],
+    alike: Sequence[MatchedPoint] = (),
+    comet: CometColumn | None = None,
 ) -> dict[str, Any]:
     """A row of the table as numbers: what a paper's build reads (the cells of :func:`table_of` are
     rounded text). ``p_test`` is None for the first row and where no test was made (``p_note`` says why);
-    ``paper`` is the paper's row where the setting is one."""
+    ``comet`` is None without a COMET model; ``paper`` is the paper's row where the setting is one."""
     p_value = None if setting is base else p_values.get(setting.label, "not tested")
     paper = PAPER.get(setting.paper_row or "")
     wall = setting.mean("wall_s")
@@ -180,6 +218,7 @@ def row_record(
         "p_test": p_value if isinstance(p_value, float) else None,
         "p_note": p_value if isinstance(p_value, str) else None,
         "significant": p_value < SIGNIFICANCE_LEVEL if isinstance(p_value, float) else None,
+        "comet": comet.record(setting.label, setting is base) if comet else None,
         "minutes": wall / 60 if wall is not None else None,
         "val_bleu_matched": [point.record(setting.label) for point in alike],
         "paper": (
