@@ -259,6 +259,13 @@ def test_a_model_with_settings_it_cannot_honour_is_refused(
         CometSettings(str(folder)).load(CPU)
 
 
+def test_an_activation_is_named_as_unbabel_comet_reads_it(tiny: Path, tmp_path: Path) -> None:
+    """``getattr(torch.nn, name.title())``: ``tanh`` is ``Tanh``, so the same model scores the same."""
+    folder = edited(tiny, tmp_path / "lower", {"activations": "tanh"})
+    scores = CometSettings(str(folder)).load(CPU).score(*columns(SAMPLES), batch_size=16)
+    assert scores.segments == pytest.approx(REFERENCE["scores"]["sparsemax"]["segments"], abs=1e-5)
+
+
 def test_a_checkpoint_that_would_run_code_is_refused_unrun(tiny: Path, tmp_path: Path) -> None:
     folder = edited(tiny, tmp_path / "shared", {})
     Marker.path = str(tmp_path / "ran")

@@ -332,8 +332,9 @@ def checked_hparams(settings: CometSettings, declared: dict[str, Any], stored: A
     sizes = hparams["hidden_sizes"]
     if not isinstance(sizes, list) or not sizes or not all(whole(size, 1) for size in sizes):
         raise refuse("hidden_sizes", "it must be a list of layer widths")
-    if hparams["activations"] not in ACTIVATIONS:
+    if str(hparams["activations"]).title() not in ACTIVATIONS:  # as unbabel-comet reads it: tanh is Tanh
         raise refuse("activations", f"it must be one of {', '.join(ACTIVATIONS)}")
-    if hparams["final_activation"] is not None and hparams["final_activation"] not in ACTIVATIONS:
+    final = hparams["final_activation"]
+    if final is not None and str(final).title() not in ACTIVATIONS:
         raise refuse("final_activation", f"it must be null or one of {', '.join(ACTIVATIONS)}")
     return hparams
