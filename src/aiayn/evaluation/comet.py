@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 
-from aiayn.errors import FieldError, whole
+from aiayn.errors import FieldError, first_line, whole
 from aiayn.extras import require, require_installed
 
 WHAT = "COMET's encoder (transformers)"
@@ -128,10 +128,6 @@ def hub_offline(offline: bool) -> Iterator[None]:
         yield
     finally:
         constants.HF_HUB_OFFLINE = before
-
-
-def first_line(error: BaseException) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ def evaluate(settings: EvalSettings) -> Evaluation:
     ``<stem>.nbest.jsonl`` as well, in ``aiayn-translate``'s format; the hypotheses and the scores are the
     first of each line, as with ``nbest=1``. A compared system is checked before anything is translated,
     then translated alike (checkpoints) and tested against this one. With ``comet``, the COMET model is
-    found before anything is translated, and scores each segment (of both systems) after.
+    found and loaded before anything is translated, and scores each segment (of both systems) after.
 
     The files are named by what defines them (every checkpoint, the texts, the settings, the compared
     system; :func:`output_digest`): another text of the same file name, other options or another

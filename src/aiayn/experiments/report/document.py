@@ -45,12 +45,11 @@ def write_report(
                          "--data-root, your copy of the runs' corpus")  # fmt: skip
     scorer = None
     if comet is not None:  # loaded before anything is written: a model it cannot score with is refused first
-        import torch
+        from aiayn.evaluation.settings import resolved_device  # (the model's stack: only a COMET report needs it)
 
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
             comet_folder = comet.folder()
-            scorer = (comet.load(device, comet_folder), comet.comet_batch_size)
+            scorer = (comet.load(resolved_device("auto"), comet_folder), comet.comet_batch_size)
         except FieldError as error:
             raise ValueError(f"--comet {comet.comet_model} {error.allowed}") from None
     found = find_runs(paths)

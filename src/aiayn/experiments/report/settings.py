@@ -19,13 +19,14 @@ log = logging.getLogger(__name__)
 ROW_ORDER = {row: index for index, row in enumerate(PAPER)}
 
 
-def spread_of(values: Sequence[float]) -> str:
-    """``mean ± std`` of ``values`` (the sample standard deviation), the value for one, ``-`` for none."""
+def spread_of(values: Sequence[float], digits: int = 2) -> str:
+    """``mean ± std`` of ``values`` (the sample standard deviation), the value for one, ``-`` for none;
+    ``digits`` after the point (COMET's scores, near 1, take 4)."""
     if not values:
         return "-"
     if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.fmean(values):.2f} ± {statistics.stdev(values):.2f}"
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.fmean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
 @dataclass

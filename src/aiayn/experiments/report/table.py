@@ -54,13 +54,7 @@ class CometColumn:
     p_values: Mapping[str, float | str]
 
     def cells(self, label: str, first: bool) -> list[str]:
-        values = self.values.get(label, [])
-        if not values:
-            shown = "-"
-        elif len(values) == 1:
-            shown = f"{values[0]:.4f}"
-        else:
-            shown = f"{statistics.fmean(values):.4f} ± {statistics.stdev(values):.4f}"
+        shown = spread_of(self.values.get(label, []), digits=4)
         return [shown, p_cell(None if first else self.p_values.get(label, "not tested"))]
 
     def record(self, label: str, first: bool) -> dict[str, Any]:
