@@ -61,11 +61,17 @@ def test_training_on_a_slice_of_multi30k_writes_results_and_learns(
     assert "model=tiny" in results["overrides"]
     assert (run_dir / "config.yaml").is_file()
     # validations after steps 20, 40, ..., 120; the newest 5 step checkpoints are kept and averaged; the
-    # default's EMA of the weights is tested too, and is the run's answer
+    # default's EMA of the weights is tested too; the answer is the tested checkpoint with the highest
+    # validation BLEU (the first of equal ones: best, averaged, EMA), never chosen by the test split
     steps = [f"step{step:07d}.ckpt" for step in (40, 60, 80, 100, 120)]
     written = {p.name for p in (run_dir / "checkpoints").iterdir()}
     assert written == {"best.ckpt", "last.ckpt", "averaged.ckpt", "ema.ckpt", *steps}
-    assert results["answer"] == "ema" and results["answer_test_bleu"] == results["test_bleu_ema"]
+    validated = {"best": results["val_bleu"], "averaged": results["val_bleu_averaged"], "ema": results["val_bleu_ema"]}
+    answer = max(validated, key=validated.__getitem__)
+    tested = {"best": "test_bleu", "averaged": "test_bleu_averaged", "ema": "test_bleu_ema"}[answer]
+    assert results["answer"] == answer and results["answer_test_bleu"] == results[tested]
+    assert results["answer_checkpoint"] == f"checkpoints/{answer}.ckpt"
+    assert "answer: by_validation" in (run_dir / "config.yaml").read_text()  # the default's rule, not another
     assert results["averaged_checkpoints"] == steps
     assert_reported_bleu(run_dir, results, read_lines(multi30k_root / "test_2016_flickr.de.gz")[:50])
     # beam 4 as §6.1, source length + 50, with the default's α (decoding=tuned) in place of the paper's 0.6
