@@ -175,6 +175,9 @@ def test_a_corpus_without_a_test_split_trains_and_reports_validation_scores(
     results = train(compose_run_config(overrides), tmp_path / "run", overrides)
     assert results["steps"] == 3 and "test_bleu" not in results
     assert not (tmp_path / "run" / "test.hyp.txt").exists()
+    # the default's EMA is validated all the same, so that the answer is still chosen by validation
+    answer = "ema" if results["val_bleu_ema"] > results["val_bleu"] else "best"
+    assert results["answer"] == answer and results["answer_test_bleu"] is None
     # val_bleu is the corpus BLEU (13a, cased; no smoothing, as torchmetrics computes it during training)
     # of the evaluated checkpoint's greedy translations of dev.en, recomputed here with sacreBLEU itself
     model, tokenizer, _ = load_model(tmp_path / "run" / results["evaluated_checkpoint"])

@@ -109,8 +109,9 @@ def test_ema(
 ) -> dict[str, Any]:
     """Test scores of the EMA of the weights (``ema``: the run's callback), written as
     ``checkpoints/ema.ckpt`` from the final checkpoint (``last.ckpt``, which holds the EMA of its step);
-    none when the run keeps no EMA. Written without a test split too: a checkpoint like any other, for
-    aiayn-eval, aiayn-translate and aiayn-export."""
+    none when the run keeps no EMA. Written and validated without a test split too: a checkpoint like any
+    other, for aiayn-eval, aiayn-translate and aiayn-export, which ``checkpoint.answer=by_validation`` may
+    name the run's answer."""
     if ema is None:
         return {}
     path = run_dir / "checkpoints" / "ema.ckpt"
@@ -118,7 +119,7 @@ def test_ema(
         save_checkpoint(ema_checkpoint(load_checkpoint(last.path, mmap=True), ema.state_key), path)
     trainer.strategy.barrier("EMA checkpoint written")
     if "test" not in datamodule.roles:
-        return {}
+        return {"val_bleu_ema": validated_bleu(trainer, module, datamodule, path)}
     _, scores = test_and_score(trainer, module, datamodule, path, run_dir / TEST_TRANSLATIONS["ema"])
     return {
         "test_bleu_ema": scores["sacrebleu"],
