@@ -37,17 +37,24 @@ def fake_run(
     params: int = 2_000_000,
     hypotheses: list[str] | None = None,
     other_hypotheses: Mapping[str, list[str]] | None = None,
+    answer_rule: str | None = None,
     **results: Any,
 ) -> Path:
     """A finished run's folder as aiayn-train leaves it: the resolved config and results.json (more
     ``results``, e.g. ``evaluated`` or ``answer``; without, as an older aiayn-train wrote it) and, given
     ``hypotheses``, its test.hyp.txt; ``other_hypotheses``: other checkpoints' test translations by file
-    name (test.ema.hyp.txt)."""
+    name (test.ema.hyp.txt). ``checkpoint.answer`` is ``answer_rule``, else the rule that always gives the
+    recorded answer (none for an older run)."""
     folder.mkdir(parents=True)
     config = OmegaConf.create(composed(tuple(o for o in overrides if not o.startswith("seed="))))
     config.seed = config.data.seed = next(
         (int(o.split("=")[1]) for o in overrides if o.startswith("seed=")), config.seed
     )
+    answer = results.get("answer")
+    if answer_rule is None and answer is None:
+        del config.checkpoint.answer
+    else:
+        config.checkpoint.answer = answer_rule or (answer if answer in ("averaged", "ema") else "evaluated")
     OmegaConf.save(config, folder / "config.yaml")
     scores = {"params": params, "val_bleu": bleu, "val_ppl": ppl, "test_bleu": bleu + 1, "steps": 500}
     (folder / "results.json").write_text(json.dumps({**scores, "wall_s": 420.0, "overrides": overrides, **results}))
@@ -312,3 +319,27 @@ def test_a_run_is_reported_by_its_answer_and_tested_on_its_answers_translations(
     assert averaged_row["p (test)"] == "-"
     missing = sweep.resolve() / "3-averaged,1" / "test.averaged.hyp.txt"
     assert f"p (test) of model.d_ff=64 [answer=averaged]: -, {missing} does not exist." in markdown
+
+
+def test_runs_answered_by_validation_are_one_setting_whatever_each_chose(tmp_path: Path, corpus_root: Path) -> None:
+    references = read_lines(corpus_root / "test_2016_flickr.de")[:16]
+    worse = [line if i % 2 else "x" for i, line in enumerate(references)]
+    tiny = ["model=tiny", f"data.root={corpus_root}", "data.eval_limit=16"]
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        fake_run(sweep / f"1-base,{seed}", [*tiny, f"seed={seed}"], 20.0, 9.0, hypotheses=references)
+    # checkpoint.answer=by_validation: seed 1 answered with its EMA, seed 2 with its average; each run's test
+    # BLEU and translations are its own answer's, and the two are one setting, as their rule is one
+    chose = {1: ("ema", "test.ema.hyp.txt", 30.0), 2: ("averaged", "test.averaged.hyp.txt", 32.0)}
+    for seed, (answer, translations, bleu) in chose.items():
+        results = {"evaluated": "best", "answer": answer, "answer_test_bleu": bleu}
+        files = {"hypotheses": references, "other_hypotheses": {translations: worse}}
+        overrides = [*tiny, "model.d_ff=64", f"seed={seed}"]
+        fake_run(sweep / f"2-chosen,{seed}", overrides, 20.0, 9.0, answer_rule="by_validation", **files, **results)
+    rows = table_rows(write_report([sweep], sweep, data_root=corpus_root).markdown)
+    assert list(rows) == ["(as configured)", "model.d_ff=64"]
+    chosen = rows["model.d_ff=64"]
+    assert (chosen["answer"], chosen["seeds"], chosen["BLEU (test)"]) == ("by_validation", "2", "31.00 ± 1.41 ‡")
+    # paired by seed with the first row, each on the translations of the checkpoint it answered with
+    expected = paired_bootstrap([("base", references * 2), ("chosen", worse * 2)], references * 2).systems[1].p_value
+    assert expected < 0.05 and chosen["p (test)"] == f"{expected:.4f}*"

@@ -113,7 +113,15 @@ CONDITIONS = {  # name -> (the first seed's changes, the second seed's): (result
     "direction": (({}, {}), ({}, {"data.src_lang": "de", "data.tgt_lang": "en"})),
     "precision": (({}, {}), ({}, {"trainer.precision": "bf16-mixed"})),
     "checkpoint": (({"evaluated": "best", "answer": "ema"}, {}), ({"evaluated": "final", "answer": "ema"}, {})),
-    "answer": (({"evaluated": "best", "answer": "best"}, {}), ({"evaluated": "best", "answer": "ema"}, {})),
+    "answer": (
+        ({"evaluated": "best", "answer": "best"}, {"checkpoint.answer": "evaluated"}),
+        ({"evaluated": "best", "answer": "ema"}, {"checkpoint.answer": "ema"}),
+    ),
+    # one answer given by two rules: the EMA always, and the EMA as validation chose it
+    "answer, by rule": (
+        ({"evaluated": "best", "answer": "ema"}, {"checkpoint.answer": "ema"}),
+        ({"evaluated": "best", "answer": "ema"}, {"checkpoint.answer": "by_validation"}),
+    ),
     "test sentences": (({"test_sentences": 16}, {}), ({"test_sentences": 8}, {})),
     "test sentences, one unknown": (({"test_sentences": 16}, {}), ({"test_sentences": DELETE}, {})),
 }

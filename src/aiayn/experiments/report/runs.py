@@ -34,6 +34,7 @@ from aiayn.experiments.sweeps.state import FINISHED, RUNNING, STATE_BYTES, STATE
 from aiayn.experiments.table3 import COLUMNS, FAMILIES
 from aiayn.files import TEST_TRANSLATIONS
 from aiayn.model.components import describe
+from aiayn.training.checkpoint_policy import ANSWER_SETTINGS
 from aiayn.training.metrics import EVALUATED_CHECKPOINTS, METRICS_CSV, metric_rows
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,12 @@ CONFIG_FIELDS: tuple[tuple[str, Callable[[Any], bool], str, Any], ...] = (
     ("data.tgt_lang", is_name, "must be a language code", None),
     ("data.eval_limit", optional(whole_in(1, 10**12)), "must be a whole number of at least 1 or null", None),
     ("trainer.precision", optional(lambda v: is_name(v) or whole_in(1, 128)(v)), "must be a precision", None),
+    (
+        "checkpoint.answer",
+        optional(lambda v: v in ANSWER_SETTINGS),
+        f"must be one of {', '.join(ANSWER_SETTINGS)}",
+        None,
+    ),
 )
 # A data section's keys that say which corpus and which of its splits is tested (its fingerprint does
 # not say which split is the test split).
@@ -96,7 +103,8 @@ class Conditions:
     direction: str  # <src_lang>-<tgt_lang>
     precision: str  # trainer.precision
     checkpoint: str  # results.json's evaluated: the checkpoint val_* are of
-    answer: str  # the checkpoint the test BLEU and translations are of: evaluated (the above), averaged or ema
+    answer: str  # the checkpoint the test BLEU is of: evaluated (the above), averaged, ema, or by_validation (the
+    # run's choice among them, as checkpoint.answer asked: runs of one setting share the rule, not its outcome)
     test_sentences: int | None  # the test sentences test_bleu was computed on
     corpus_name: str = field(default="", compare=False)  # the corpus for a reader
 
@@ -133,6 +141,7 @@ class Run:
     data: dict[str, Any] = field(default_factory=dict)  # the config's data section: where the corpus is
     conditions: Conditions = Conditions("unknown", "unknown", "unknown", "best", "evaluated", None)
     eval_limit: int | None = None  # data.eval_limit: the first N validation and test sentences only
+    answer: str = "evaluated"  # the checkpoint its test BLEU and translations are of: evaluated, averaged or ema
 
     @property
     def evaluated(self) -> str:
@@ -143,7 +152,7 @@ class Run:
     @property
     def hypotheses(self) -> str:
         """The file of the test translations of the run's answer (which its test BLEU is of), in corpus order."""
-        return TEST_TRANSLATIONS[self.conditions.answer]
+        return TEST_TRANSLATIONS[self.answer]
 
     @property
     def partial_test(self) -> bool:
@@ -181,11 +190,12 @@ def read_run(folder: Path) -> Run:
             direction=f"{stored['data.src_lang'] or '?'}-{stored['data.tgt_lang'] or '?'}",
             precision=str(stored["trainer.precision"] or "unknown"),
             checkpoint=checked["evaluated"],
-            answer=answer,
+            answer="by_validation" if stored["checkpoint.answer"] == "by_validation" else answer,
             test_sentences=checked["test_sentences"],
             corpus_name=corpus_name,
         ),
         eval_limit=stored["data.eval_limit"],
+        answer=answer,
     )
 
 
