@@ -36,7 +36,8 @@ def copy_run(run: Path, folder: Path, positional: str, seed: int, hypotheses: li
     results = json.loads((folder / "results.json").read_text())
     results["overrides"] = [*results["overrides"], f"model.positional={positional}", f"seed={seed}"]
     (folder / "results.json").write_text(json.dumps(results))
-    # the answer's translations (the report's p-values are of them): test.ema.hyp.txt for an EMA answer
-    answer = TEST_TRANSLATIONS[results.get("answer", "evaluated")]
+    # the answer's translations (the report's p-values are of them): test.ema.hyp.txt for an EMA answer,
+    # test.hyp.txt for the evaluated checkpoint's (results.json names it by its checkpoint: best or final)
+    answer = TEST_TRANSLATIONS.get(results.get("answer"), TEST_TRANSLATIONS["evaluated"])
     (folder / answer).write_text("".join(line + "\n" for line in hypotheses), encoding="utf-8")
     return folder
